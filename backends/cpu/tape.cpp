@@ -1,0 +1,60 @@
+// The thread-local tape stack and backward's walk (see Note [tape nodes are data]).
+#include <algorithm>
+#include <atomic>
+
+#include "typegrad/autodiff/tape.hpp"
+#include "typegrad/core/error.hpp"
+
+namespace tg::autodiff {
+
+namespace {
+thread_local Tape t_root_tape;
+thread_local Tape* t_current = nullptr;
+thread_local bool t_grad_enabled = true;
+std::atomic<std::uint64_t> g_next_id{1};
+}  // namespace
+
+Tape& current_tape() { return t_current ? *t_current : t_root_tape; }
+TapeScope::TapeScope(Tape& tape) : previous_(t_current) { t_current = &tape; }
+TapeScope::~TapeScope() { t_current = previous_; }
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+std::uint64_t next_tensor_id() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
+
+void Tape::push(const std::shared_ptr<Node>& node) {
+  node->sequence_ = next_sequence_++;
+  nodes_.push_back(node);
+  if (nodes_.size() >= compact_at_) compact();
+}
+
+void Tape::compact() {
+  std::erase_if(nodes_, [](const std::weak_ptr<Node>& w) { return w.expired(); });
+  compact_at_ = std::max<std::size_t>(1024, 2 * nodes_.size());
+}
+
+std::vector<std::shared_ptr<Node>> Tape::live_nodes() const {
+  std::vector<std::shared_ptr<Node>> out;
+  for (const auto& w : nodes_)
+    if (auto n = w.lock()) out.push_back(std::move(n));
+  return out;
+}
+
+void Tape::backward_from(const Node& last, bool retain_graph) {
+  // nodes_ is in execution order; every node newer than `last` cannot feed it and is skipped.
+  struct GradModeOff {  // backward formulas are not themselves recorded
+    bool previous = t_grad_enabled;
+    GradModeOff() { t_grad_enabled = false; }
+    ~GradModeOff() { t_grad_enabled = previous; }
+  } grad_mode_off;
+  std::vector<std::shared_ptr<Node>> ran;
+  for (auto rit = nodes_.rbegin(); rit != nodes_.rend(); ++rit) {
+    auto node = rit->lock();
+    if (!node || node->sequence() > last.sequence()) continue;
+    if (node->run_backward()) ran.push_back(std::move(node));  // throws if released and needed
+  }
+  if (!retain_graph)
+    for (auto& n : ran) n->release();
+  compact();
+}
+
+}  // namespace tg::autodiff

@@ -1,0 +1,19 @@
+// typegrad: compile-time typed tensors and tape autodiff for training transformer language models.
+//   #include <typegrad/typegrad.hpp>
+//   auto w = tg::Tensor<tg::fp32>::normal({3, 4}).requires_grad_();  tg::sum(w * w).backward();
+#pragma once
+
+#include "typegrad/config.hpp"
+#include "typegrad/core/allocator.hpp"
+#include "typegrad/core/dtype.hpp"
+#include "typegrad/core/device.hpp"
+#include "typegrad/core/error.hpp"
+#include "typegrad/core/random.hpp"
+#include "typegrad/core/shape.hpp"
+#include "typegrad/core/tensor.hpp"
+#include "typegrad/autodiff/tape.hpp"
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/ops/reduce.hpp"
+#include "typegrad/ops/views.hpp"
+#include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/print.hpp"
