@@ -1,6 +1,6 @@
 // Autograd metadata on tensors and the one helper every op uses to record itself on the tape.
 //   auto out = ...forward...;
-//   autodiff::record("relu", out, ReluSaved{x}, [](ReluSaved& s, const Tensor<T>& dout, auto need) {...}, x);
+//   autodiff::record(op_name, out, Saved{...}, [](Saved& s, const Tensor<T>& dout, auto need) { ... }, x);
 #pragma once
 
 #include <array>

@@ -93,9 +93,9 @@ Tensor<T, D> div(const Tensor<T, D>& a, const Tensor<T, D>& b) {
 // Scalars on either side: a 1-element tensor broadcast (its gradient is not kept).
 #define TG_SCALAR_OVERLOADS(fn, sym)                                                                   \
   template <FloatingElement T, Device D>                                                              \
-  Tensor<T, D> fn(const Tensor<T, D>& a, double s) { return fn(a, Tensor<T, D>::full({1}, s)); }      \
+  Tensor<T, D> fn(const Tensor<T, D>& a, double s) { return fn(a, Tensor<T, D>::full(Shape(), s)); }      \
   template <FloatingElement T, Device D>                                                              \
-  Tensor<T, D> fn(double s, const Tensor<T, D>& b) { return fn(Tensor<T, D>::full({1}, s), b); }      \
+  Tensor<T, D> fn(double s, const Tensor<T, D>& b) { return fn(Tensor<T, D>::full(Shape(), s), b); }      \
   template <FloatingElement T, Device D>                                                              \
   Tensor<T, D> operator sym(const Tensor<T, D>& a, const Tensor<T, D>& b) { return fn(a, b); }        \
   template <FloatingElement T, Device D>                                                              \
