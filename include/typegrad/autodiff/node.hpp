@@ -42,14 +42,25 @@ TensorInfo info_of(const Tensor<T, D>& t) {
 template <Element T, Device D>
 void accumulate_grad(AutogradMeta<T, D>& meta, const Tensor<T, D>& g, const Shape& shape, const char* op) {
   TG_CHECK(g.shape() == shape, op, " backward: gradient shape ", g.shape(), " does not match the input's shape ", shape);
-  if (!meta.grad.defined()) {
-    // Own the buffer: g may alias a saved tensor or a view of another gradient.
-    Tensor<T, D> owned = Tensor<T, D>::empty(shape);
-    detail::copy_tensor(g, owned);
-    meta.grad = std::move(owned);
+  if constexpr (std::is_same_v<D, cpu>) {
+    if (!meta.grad.defined()) {
+      // Own the buffer: g may alias a saved tensor or a view of another gradient.
+      Tensor<T, D> owned = Tensor<T, D>::empty(shape);
+      detail::copy_tensor(g, owned);
+      meta.grad = std::move(owned);
+    } else {
+      const Tensor<T, D> c = g.contiguous_raw();
+      backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
+    }
   } else {
-    const Tensor<T, D> c = g.contiguous_raw();
-    backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
+    TG_CHECK(g.is_contiguous(), op, " backward: device gradients must be contiguous");
+    if (!meta.grad.defined()) {
+      Tensor<T, D> owned = Tensor<T, D>::empty(shape);
+      backend::cuda::copy_device_to_device(owned.data(), g.data(), g.nbytes());
+      meta.grad = std::move(owned);
+    } else {
+      backend::cuda::add_inplace<T>(meta.grad.data(), g.data(), g.numel());
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include "typegrad/core/shape.hpp"
 #include "typegrad/core/storage.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cuda/runtime.hpp"
 
 namespace tg {
 
@@ -61,51 +62,67 @@ class Tensor {
   }
   static Tensor full(const Shape& shape, double value) {
     Tensor t = empty(shape);
-    backend::cpu::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
+    if constexpr (std::is_same_v<D, cpu>) backend::cpu::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
+    else backend::cuda::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
     return t;
   }
   static Tensor zeros(const Shape& shape) { return full(shape, 0.0); }
   static Tensor ones(const Shape& shape) { return full(shape, 1.0); }
   static Tensor arange(double start, double end, double step = 1.0) {
+    if constexpr (!std::is_same_v<D, cpu>) return Tensor<T, cpu>::arange(start, end, step).template to<D>();  // same numbers as on the host
+    else {
     TG_CHECK(step != 0.0, "Tensor::arange: step must not be 0");
     const double count = (end - start) / step;
     const auto n = static_cast<std::int64_t>(count > 0 ? std::ceil(count) : 0);
     Tensor t = empty({n});
     backend::cpu::arange<T>(t.data(), n, start, step);
     return t;
+    }
   }
   static Tensor arange(std::int64_t n) { return arange(0.0, static_cast<double>(n)); }
   static Tensor normal(const Shape& shape, float mean = 0.f, float stddev = 1.f, Generator& gen = default_generator())
     requires FloatingElement<T>
   {
+    if constexpr (!std::is_same_v<D, cpu>) return Tensor<T, cpu>::normal(shape, mean, stddev, gen).template to<D>();  // same numbers as on the host
+    else {
     Tensor t = empty(shape);
     backend::cpu::random_normal<T>(t.data(), t.numel(), gen.seed(), gen.advance(static_cast<std::uint64_t>(t.numel())), mean, stddev);
     return t;
+    }
   }
   static Tensor uniform(const Shape& shape, float lo = 0.f, float hi = 1.f, Generator& gen = default_generator())
     requires FloatingElement<T>
   {
+    if constexpr (!std::is_same_v<D, cpu>) return Tensor<T, cpu>::uniform(shape, lo, hi, gen).template to<D>();  // same numbers as on the host
+    else {
     Tensor t = empty(shape);
     backend::cpu::random_uniform<T>(t.data(), t.numel(), gen.seed(), gen.advance(static_cast<std::uint64_t>(t.numel())), lo, hi);
     return t;
+    }
   }
   /// A tensor holding `values` (converted to T) in row-major order.
   static Tensor from_values(const Shape& shape, std::span<const double> values) {
+    if constexpr (!std::is_same_v<D, cpu>) return Tensor<T, cpu>::from_values(shape, values).template to<D>();  // same numbers as on the host
+    else {
     TG_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_values: shape ", shape,
              " needs ", shape.numel(), " values, got ", values.size());
     Tensor t = empty(shape);
     for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = scalar_cast<T>(values[i]);
     return t;
+    }
   }
   static Tensor from_values(const Shape& shape, std::initializer_list<double> values) {
     return from_values(shape, std::span<const double>(values.begin(), values.size()));
   }
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values) {
+    if constexpr (!std::is_same_v<D, cpu>) return Tensor<T, cpu>::from_vector(shape, values).template to<D>();  // same numbers as on the host
+    else {
     TG_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from_vector: shape ", shape,
              " needs ", shape.numel(), " values, got ", values.size());
     Tensor t = empty(shape);
     std::copy(values.begin(), values.end(), t.data());
     return t;
+    }
   }
 
   // ---- geometry ------------------------------------------------------------------------------
@@ -134,16 +151,29 @@ class Tensor {
   static constexpr DeviceKind device() { return device_traits<D>::kind; }
 
   // ---- element access (CPU; for tests, printing and small host-side work) ----------------------
-  T at(std::initializer_list<std::int64_t> index) const { return data()[element_offset(index)]; }
-  void set(std::initializer_list<std::int64_t> index, T value) const { data()[element_offset(index)] = value; }
+  T at(std::initializer_list<std::int64_t> index) const {
+    static_assert(std::is_same_v<D, cpu>, "Tensor::at: element access needs a CPU tensor; copy with .to<tg::cpu>() first");
+    return data()[element_offset(index)];
+  }
+  void set(std::initializer_list<std::int64_t> index, T value) const {
+    static_assert(std::is_same_v<D, cpu>, "Tensor::set: element access needs a CPU tensor; copy with .to<tg::cpu>() first");
+    data()[element_offset(index)] = value;
+  }
   T item() const {
+    if constexpr (!std::is_same_v<D, cpu>) return detach().template to<cpu>().item();
+    else {
     TG_CHECK(numel() == 1, "Tensor::item: the tensor has ", numel(), " elements (shape ", sizes_, "), expected 1");
     return data()[0];
+    }
   }
   /// Elements in row-major order (any strides).
   std::vector<T> to_vector() const {
-    const Tensor c = contiguous_raw();
-    return std::vector<T>(c.data(), c.data() + c.numel());
+    if constexpr (!std::is_same_v<D, cpu>) {
+      return detach().template to<cpu>().to_vector();
+    } else {
+      const Tensor c = contiguous_raw();
+      return std::vector<T>(c.data(), c.data() + c.numel());
+    }
   }
 
   // ---- views and copies (differentiable; defined in ops/views.hpp) -----------------------------
@@ -195,6 +225,7 @@ class Tensor {
   Tensor detach() const { return as_strided_raw(sizes_, strides_, offset_); }
   Tensor contiguous_raw() const {
     if (is_contiguous()) return detach();
+    static_assert(std::is_same_v<D, cpu>, "contiguous copies of device tensors need the CUDA backend's strided copy");
     Tensor out = empty(sizes_);
     detail::copy_tensor(*this, out);
     return out;

@@ -206,9 +206,27 @@ auto Tensor<T, D>::to() const {
       return out;
     }
   } else if constexpr (Device<X>) {
-    static_assert(std::is_same_v<X, D>, "Tensor::to<Device>(): moving between devices needs the CUDA backend's "
-                                        "copies (include typegrad/cuda.hpp); this build has only the CPU");
-    return *this;
+    if constexpr (std::is_same_v<X, D>) {
+      return *this;
+    } else {
+      // Host <-> device copy of the contiguous data (CPU-side contiguity first; device tensors are
+      // contiguous until the CUDA backend grows strided views). Recorded as "to": backward copies back.
+      static_assert(std::is_same_v<D, cpu> || std::is_same_v<X, cpu>, "Tensor::to<Device>: one side must be the CPU");
+      Tensor<T, X> out = Tensor<T, X>::empty(sizes_);
+      if constexpr (std::is_same_v<D, cpu>) {
+        const Tensor c = contiguous_raw();
+        backend::cuda::copy_host_to_device(out.data(), c.data(), c.nbytes());
+      } else {
+        TG_CHECK(is_contiguous(), "to<cpu>: device tensor must be contiguous");
+        backend::cuda::copy_device_to_host(out.data(), data(), nbytes());
+      }
+      if constexpr (FloatingElement<T>) {
+        autodiff::record("to", out, detail::NoSaved{},
+                         [](detail::NoSaved&, const Tensor<T, X>& dout, auto) { return std::tuple{dout.template to<D>()}; },
+                         *this);
+      }
+      return out;
+    }
   } else {
     static_assert(Element<X> || Device<X>, "Tensor::to<X>(): X must be an element type (tg::fp32, tg::bf16, ...) "
                                            "or a device tag (tg::cpu, tg::cuda)");
