@@ -80,12 +80,28 @@ void fill(T* dst, std::int64_t n, T value) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = value;
 }
 
+namespace {
+/// The largest 16-bit value strictly below v (v finite).
+template <class T>
+T next_below(T v) {
+  if ((v.bits & 0x7fffu) == 0) return T::from_bits(0x8001u);  // ±0 -> the smallest negative subnormal
+  return T::from_bits(static_cast<std::uint16_t>((v.bits & 0x8000u) ? v.bits + 1 : v.bits - 1));
+}
+}  // namespace
+
 template <class T>
 void random_uniform(T* dst, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float lo, float hi) {
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
   for (std::int64_t i = 0; i < n; ++i) {
     const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
-    dst[i] = scalar_cast<T>(lo + (hi - lo) * detail::uniform_from_bits(w[0]));
+    T v = scalar_cast<T>(lo + (hi - lo) * detail::uniform_from_bits(w[0]));
+    // Rounding to a narrower type can land on hi itself; keep the half-open interval [lo, hi).
+    if constexpr (std::is_same_v<T, fp16> || std::is_same_v<T, bf16>) {
+      if (hi > lo && static_cast<float>(v) >= hi) v = next_below(v);
+    } else {
+      if (hi > lo && !(static_cast<double>(v) < static_cast<double>(hi))) v = std::nextafter(v, static_cast<T>(lo));
+    }
+    dst[i] = v;
   }
 }
 

@@ -58,8 +58,9 @@ Tensor<T, D> Tensor<T, D>::view(const Shape& requested) const {
 
 template <Element T, Device D>
 Tensor<T, D> Tensor<T, D>::reshape(const Shape& requested) const {
-  if (is_contiguous()) return view(requested);
-  return contiguous().view(requested);
+  const Shape shape = detail::infer_shape(requested, numel(), "reshape", sizes_);  // errors name reshape, not view
+  if (is_contiguous()) return view(shape);
+  return contiguous().view(shape);
 }
 
 template <Element T, Device D>

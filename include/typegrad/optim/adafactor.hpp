@@ -1,0 +1,94 @@
+// Adafactor: factored second moments, relative step sizes and update clipping (Shazeer & Stern 2018).
+//   tg::optim::Adafactor opt(params, {});                       // the paper's defaults, no first moment
+//   loss.backward();  opt.step();  opt.zero_grad();
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "typegrad/detail/cpu/optim_kernels.hpp"
+#include "typegrad/optim/optimizer.hpp"
+
+namespace tg::optim {
+
+struct AdafactorOptions {
+  float lr = 1e-2f;              // relative_step: the cap of ρ_t; else ρ_t itself
+  float eps1 = 1e-30f;           // ε1, added to G²
+  float eps2 = 1e-3f;            // ε2, floor of RMS(X) in the step scale
+  float clip_threshold = 1.f;    // d
+  float decay_rate = 0.8f;       // c in β̂2_t = 1 − t^(−c)
+  float beta1 = 0.f;             // 0: no first moment (the paper's default); else β1
+  float weight_decay = 0.f;      // decoupled: X −= α_t·λ·X
+  bool relative_step = true;
+  bool scale_parameter = true;
+};
+
+// Note [Adafactor update]
+// Shazeer & Stern 2018, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", Algorithms 4
+// (matrices) and 5 (vectors) with the relative step size of section 8 and update clipping of section 6.
+// For a parameter X with gradient G at step t = 1, 2, ...:
+//   ρ_t  = min(lr, 1/sqrt(t))   (relative_step, lr = 10⁻² as in the paper)      or  ρ_t = lr
+//   α_t  = max(ε2, RMS(X_{t−1}))·ρ_t   (scale_parameter)                        or  α_t = ρ_t
+//   β̂2_t = 1 − t^(−c)                 (c = decay_rate = 0.8)
+//   X ≥ 2-D, viewed as [n, m] = [prod(all dims but the last), last]:
+//     R_t = β̂2_t·R_{t−1} + (1 − β̂2_t)·(G² + ε1·1_n 1_mᵀ)·1_m               (row sums, [n])
+//     C_t = β̂2_t·C_{t−1} + (1 − β̂2_t)·1_nᵀ·(G² + ε1·1_n 1_mᵀ)              (column sums, [m])
+//     V̂_t = R_t·C_t / (1_nᵀ·R_t)
+//   X 0-D or 1-D:  V̂_t = β̂2_t·V̂_{t−1} + (1 − β̂2_t)·(G² + ε1)
+//   U_t  = G / sqrt(V̂_t),   Û_t = U_t / max(1, RMS(U_t)/d)
+//   [β1 > 0:  m_t = β1·m_{t−1} + (1 − β1)·Û_t, and m_t replaces Û_t below]
+//   X_t  = X_{t−1} − α_t·λ·X_{t−1} − α_t·Û_t
+// RMS(x) = sqrt(mean(x²)), accumulated in fp64. Memory: n + m floats for a matrix instead of n·m.
+// State: "<name>.exp_avg_sq_row" [n] and ".exp_avg_sq_col" [m], or ".exp_avg_sq"; ".exp_avg" when β1 > 0.
+class Adafactor final : public Optimizer {
+ public:
+  Adafactor(std::vector<ParamGroup> groups, AdafactorOptions o)
+      : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
+    TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, "Adafactor: beta1 must be in [0, 1), got ", o.beta1);
+    TG_CHECK(o.clip_threshold > 0, "Adafactor: clip_threshold must be > 0, got ", o.clip_threshold);
+  }
+  Adafactor(std::vector<Param> params, AdafactorOptions o) : Adafactor(one_group(std::move(params)), o) {}
+  const char* name() const override { return "Adafactor"; }
+
+ protected:
+  static bool factored(const Param& p) { return p.tensor.dim() >= 2; }
+  static std::int64_t cols_of(const Param& p) { return p.tensor.shape().back(); }
+  static std::int64_t rows_of(const Param& p) { return cols_of(p) == 0 ? 0 : p.tensor.numel() / cols_of(p); }
+
+  std::vector<SlotSpec> slots(const Param& p) const override {
+    std::vector<SlotSpec> s;
+    if (factored(p)) {
+      s.push_back({"exp_avg_sq_row", Shape{rows_of(p)}});
+      s.push_back({"exp_avg_sq_col", Shape{cols_of(p)}});
+    } else {
+      s.push_back({"exp_avg_sq", p.tensor.shape()});
+    }
+    if (o_.beta1 > 0) s.push_back({"exp_avg", p.tensor.shape()});
+    return s;
+  }
+  void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
+    if (p.tensor.numel() == 0) return;
+    const double t = static_cast<double>(st.step);
+    backend::cpu::AdafactorScalars s;
+    s.rho = o_.relative_step ? std::min(static_cast<double>(g.lr), 1.0 / std::sqrt(t)) : g.lr;
+    s.scale_parameter = o_.scale_parameter;
+    s.beta2 = 1.0 - std::pow(t, -static_cast<double>(o_.decay_rate));
+    s.eps1 = o_.eps1;
+    s.eps2 = o_.eps2;
+    s.clip_threshold = o_.clip_threshold;
+    s.beta1 = o_.beta1;
+    s.weight_decay = g.weight_decay;
+    fp32* m = o_.beta1 > 0 ? st.slots.back().data() : nullptr;
+    if (factored(p))
+      backend::cpu::adafactor_step_factored<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(),
+                                                  st.slots[1].data(), m, rows_of(p), cols_of(p), s);
+    else
+      backend::cpu::adafactor_step_full<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(), m,
+                                              p.tensor.numel(), s);
+  }
+
+ private:
+  AdafactorOptions o_;
+};
+
+}  // namespace tg::optim

@@ -1,0 +1,95 @@
+// Gradient accumulation as a type: N micro-batches per optimizer step, N fixed at compile time
+// (GradAccum<N>) or at run time (GradAccumRuntime{n}, for CLIs); one implementation for both.
+//   tg::optim::GradAccum<4> accum;   // for each micro-batch:
+//   accum.scale(loss).backward();  if (accum.micro_step(opt, schedule)) log(schedule.step());
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "typegrad/ops/binary.hpp"
+#include "typegrad/optim/clip.hpp"
+#include "typegrad/optim/schedule.hpp"
+
+namespace tg::optim {
+
+// Note [gradient accumulation]
+// With a loss that is a mean over its micro-batch of b samples, backward of loss/N on each of N
+// micro-batches sums to the gradient of the mean over all N·b samples, so N micro-steps equal one step on
+// the big batch. micro_step() counts calls; on every N-th it (1) optionally clips the accumulated gradients
+// by global norm, (2) sets the optimizer's lr from the schedule's current step, (3) steps the optimizer,
+// (4) advances the schedule once, (5) zeroes the gradients, and returns true. So the schedule's counter
+// always equals the number of optimizer steps it drove. The count policy is the only difference between
+// the compile-time and run-time forms.
+
+namespace detail {
+template <std::int64_t N>
+struct StaticCount {
+  static_assert(N >= 1, "GradAccum<N>: N (micro-batches per optimizer step) must be at least 1");
+  static constexpr std::int64_t count() { return N; }
+};
+struct RuntimeCount {
+  std::int64_t n = 1;
+  constexpr std::int64_t count() const { return n; }
+};
+}  // namespace detail
+
+template <class CountPolicy>
+class GradAccumulator {
+ public:
+  GradAccumulator() = default;
+  explicit GradAccumulator(CountPolicy policy) : policy_(policy) {
+    TG_CHECK(policy_.count() >= 1, "GradAccumRuntime: n (micro-batches per optimizer step) must be at least 1, got ",
+             policy_.count());
+  }
+
+  /// Micro-batches per optimizer step.
+  constexpr std::int64_t n() const { return policy_.count(); }
+  /// 1/N, to fold into the loss.
+  constexpr double loss_scale() const { return 1.0 / static_cast<double>(n()); }
+  /// loss · (1/N) (tg::mul, recorded on the tape).
+  template <FloatingElement T, Device D>
+  Tensor<T, D> scale(const Tensor<T, D>& loss) const {
+    return mul(loss, loss_scale());
+  }
+
+  /// Call once per micro-batch after its backward; returns true when this call stepped the optimizer
+  /// (every N-th call). `max_grad_norm` clips the accumulated gradients first (see last_grad_norm()).
+  template <class Opt>
+  bool micro_step(Opt& opt, Schedule& schedule, std::optional<double> max_grad_norm = std::nullopt) {
+    if (++micro_ < n()) return false;
+    micro_ = 0;
+    if (max_grad_norm) last_norm_ = clip_grad_norm(opt, *max_grad_norm);
+    opt.set_lr(schedule.lr());
+    opt.step();
+    schedule.advance();
+    opt.zero_grad();
+    ++steps_;
+    return true;
+  }
+
+  /// Micro-batches seen since the last optimizer step (0 .. N-1).
+  std::int64_t micro_index() const { return micro_; }
+  /// Optimizer steps taken through this accumulator.
+  std::int64_t steps() const { return steps_; }
+  /// The global gradient norm measured by the last clipping micro_step (0 before any).
+  double last_grad_norm() const { return last_norm_; }
+
+ private:
+  CountPolicy policy_{};
+  std::int64_t micro_ = 0;
+  std::int64_t steps_ = 0;
+  double last_norm_ = 0.0;
+};
+
+/// N micro-batches per optimizer step, N known at compile time.
+template <std::int64_t N>
+using GradAccum = GradAccumulator<detail::StaticCount<N>>;
+
+/// N micro-batches per optimizer step, N chosen at run time (a CLI's --grad-accum).
+class GradAccumRuntime : public GradAccumulator<detail::RuntimeCount> {
+ public:
+  explicit GradAccumRuntime(std::int64_t n) : GradAccumulator(detail::RuntimeCount{n}) {}
+};
+
+}  // namespace tg::optim
