@@ -1,9 +1,22 @@
-// GEMM dispatch: picks the fastest kernel this CPU supports (see gemm_kernel_name).
+// GEMM dispatch: picks the packed kernel for this CPU (or TG_GEMM_KERNEL's), the thread count, and the
+// batched strategy; the Eigen reference (gemm_eigen.cpp) serves fp64, empty K and TG_GEMM_KERNEL=reference.
+#include <omp.h>
+
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gemm_packed.hpp"
+#include "typegrad/core/error.hpp"
+#include "typegrad/detail/cpu/cpu_features.hpp"
 #include "typegrad/detail/cpu/gemm.hpp"
 
 namespace tg::backend::cpu {
 
 namespace {
+
 template <class T>
 void apply_epilogue(std::int64_t M, std::int64_t N, T* C, std::int64_t ldc, const GemmEpilogue& e) {
   if (!e.bias && !e.out_bf16) return;
@@ -18,26 +31,157 @@ void apply_epilogue(std::int64_t M, std::int64_t N, T* C, std::int64_t ldc, cons
     }
   }
 }
+
+// Note [GEMM kernel selection]
+// The ISA level is the best one cpu_supports() reports (Note [ISA kernel levels]) unless TG_GEMM_KERNEL
+// names one; it is read on every call so tests can switch it. Per element type:
+//   fp64                 -> Eigen (the packed kernels are fp32-accumulating; fp64 is for numerical checks)
+//   fp32                 -> the level's fp32 kernel (avx512bf16 -> the avx512 fp32 kernel)
+//   bf16                 -> avx512bf16: vdpbf16ps on bf16 pairs; avx2 / avx512: widened to fp32 in packing,
+//                           so on CPUs without avx512_bf16 bf16 runs at fp32 speed (never faster)
+//   fp16                 -> widened to fp32 in packing on every level (exact, keeps fp16's range)
+CpuIsa requested_isa() {
+  const char* env = std::getenv("TG_GEMM_KERNEL");
+  if (env == nullptr || *env == '\0') return best_cpu_isa();
+  const CpuIsa isa = parse_cpu_isa(env);
+  TG_CHECK(cpu_supports(isa), "gemm: TG_GEMM_KERNEL=", env, " is not supported by this CPU (",
+           cpu_features_string(), ")");
+  return isa;
+}
+
+template <class T>
+CpuIsa isa_for(CpuIsa isa) {
+  if constexpr (std::is_same_v<T, double>) return CpuIsa::reference;
+  if (isa == CpuIsa::avx512bf16 && !std::is_same_v<T, bf16>) return CpuIsa::avx512;
+  return isa;
+}
+
+/// Threads for one GEMM: 1 inside a parallel region or below ~4 MFLOP, else about one per 2 MFLOP.
+int gemm_threads(std::int64_t M, std::int64_t N, std::int64_t K) {
+  if (omp_in_parallel()) return 1;
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int max_threads = omp_get_max_threads();
+  if (max_threads <= 1 || flops < 4.0e6) return 1;
+  const double by_work = flops / 2.0e6;
+  return by_work < max_threads ? static_cast<int>(by_work) : max_threads;
+}
+
+/// The reference path for 16-bit C with an epilogue: everything widened to fp32, C rounded once at the end.
+template <class T>
+void reference_fp32_epilogue(const packed::GemmArgs<T>& g) {
+  const auto widen = [](const T* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    std::vector<float> w(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) w[static_cast<std::size_t>(i * cols + j)] = static_cast<float>(p[i * ld + j]);
+    return w;
+  };
+  const std::int64_t ar = g.ta == Trans::N ? g.M : g.K, ac = g.ta == Trans::N ? g.K : g.M;
+  const std::int64_t br = g.tb == Trans::N ? g.K : g.N, bc = g.tb == Trans::N ? g.N : g.K;
+  const std::vector<float> a = widen(g.A, ar, ac, g.lda), b = widen(g.B, br, bc, g.ldb);
+  std::vector<float> c = g.beta != 0.f ? widen(g.C, g.M, g.N, g.ldc) : std::vector<float>(static_cast<std::size_t>(g.M * g.N));
+  gemm_reference<float>(g.ta, g.tb, g.M, g.N, g.K, g.alpha, a.data(), ac, b.data(), bc, g.beta, c.data(), g.N);
+  for (std::int64_t i = 0; i < g.M; ++i)
+    for (std::int64_t j = 0; j < g.N; ++j) {
+      float v = c[static_cast<std::size_t>(i * g.N + j)];
+      if (g.ep.bias) v += g.ep.bias[j];
+      g.C[i * g.ldc + j] = T(v);
+      if (g.ep.out_bf16) g.ep.out_bf16[i * g.ep.ldo + j] = bf16(v);
+    }
+}
+
+template <class T>
+void run_one(CpuIsa isa, const packed::GemmArgs<T>& g, int threads) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (isa == CpuIsa::reference || g.K <= 0) {
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+      if (g.ep.bias || g.ep.out_bf16) {  // round C once, after the bias (Note [GEMM conventions])
+        reference_fp32_epilogue(g);
+        return;
+      }
+    }
+    gemm_reference<T>(g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, g.beta, g.C, g.ldc);
+    apply_epilogue(g.M, g.N, g.C, g.ldc, g.ep);
+    return;
+  }
+  if constexpr (!std::is_same_v<T, double>) {
+    switch (isa) {
+      case CpuIsa::avx2:
+        packed::gemm_avx2<T>(g, threads);
+        return;
+      case CpuIsa::avx512:
+        packed::gemm_avx512<T>(g, threads);
+        return;
+      case CpuIsa::avx512bf16:
+        if constexpr (std::is_same_v<T, bf16>) packed::gemm_avx512bf16(g, threads);
+        else packed::gemm_avx512<T>(g, threads);
+        return;
+      case CpuIsa::reference:
+        break;
+    }
+  }
+}
+
 }  // namespace
 
 template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc,
           const GemmEpilogue& epilogue) {
-  gemm_reference<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  apply_epilogue(M, N, C, ldc, epilogue);
+  const packed::GemmArgs<T> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  run_one<T>(isa_for<T>(requested_isa()), g, gemm_threads(M, N, K));
 }
 
+// Note [batched GEMM threading]
+// A strided batch of small products (attention: batch = B*H, 64x64x64 each, ~0.5 MFLOP) gains nothing
+// from splitting one product over threads (packing and barriers would dominate): the batch is split
+// over the OpenMP team instead, each product running single-threaded with its own packing buffers.
+// Products above ~16 MFLOP (or a batch smaller than the team) run one after another, each on all threads.
 template <class T>
 void gemm_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                   const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
                   std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
                   std::int64_t batch) {
-  for (std::int64_t i = 0; i < batch; ++i)
-    gemm<T>(ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  const CpuIsa isa = isa_for<T>(requested_isa());
+  const auto args = [&](std::int64_t b) {
+    return packed::GemmArgs<T>{ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
+                               C + b * stride_c, ldc, GemmEpilogue{}};
+  };
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (isa != CpuIsa::reference && team > 1 && batch >= 2 && flops < 1.6e7) {
+    bool failed = false;
+#pragma omp parallel for schedule(static) num_threads(batch < team ? static_cast<int>(batch) : team)
+    for (std::int64_t b = 0; b < batch; ++b) {
+      try {
+        run_one<T>(isa, args(b), 1);
+      } catch (...) {  // only std::bad_alloc can come from the packed kernels
+#pragma omp atomic write
+        failed = true;
+      }
+    }
+    if (failed) throw std::bad_alloc();
+    return;
+  }
+  const int threads = gemm_threads(M, N, K);
+  for (std::int64_t b = 0; b < batch; ++b) run_one<T>(isa, args(b), threads);
 }
 
-std::string gemm_kernel_name(DType) { return "eigen"; }
+std::string gemm_kernel_name(DType t) {
+  if (t == DType::f64) return "eigen (fp64 reference)";
+  TG_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, "gemm_kernel_name: no GEMM for dtype ",
+           dtype_name(t));
+  CpuIsa isa = requested_isa();
+  if (isa == CpuIsa::avx512bf16 && t != DType::bf16) isa = CpuIsa::avx512;
+  if (isa == CpuIsa::reference) return "eigen reference";
+  std::string name = isa == CpuIsa::avx2     ? packed::kernel_desc_avx2()
+                     : isa == CpuIsa::avx512 ? packed::kernel_desc_avx512()
+                                             : packed::kernel_desc_avx512bf16();
+  if (isa == CpuIsa::avx512bf16) return name + " (bf16 x bf16 -> fp32)";
+  if (t == DType::bf16) name += " (bf16 converted to fp32 in packing)";
+  if (t == DType::f16) name += " (fp16 converted to fp32 in packing)";
+  return name;
+}
 
 #define TG_INSTANTIATE(T)                                                                             \
   template void gemm<T>(Trans, Trans, std::int64_t, std::int64_t, std::int64_t, float, const T*,     \

@@ -23,3 +23,96 @@ TG_HOST_DEVICE TG_INLINE A apply(Binary op, A a, A b) {
 }
 
 }  // namespace tg::math
+
+// ---- unary elementwise ops (ops/unary.hpp) ----------------------------------------------------------
+// Forward y = f(x) and derivative dy/dx, in the accumulation type A. grad(op, x, y) reads only the
+// value the op's backward saves: the output for exp, sqrt, rsqrt, tanh, sigmoid, relu (uses_output),
+// the input otherwise; the other argument is ignored and may be anything.
+namespace tg::math {
+
+enum class Unary : unsigned char { exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu };
+
+/// Whether the backward of `op` saves its output (true) or its input (false).
+TG_HOST_DEVICE constexpr bool uses_output(Unary op) {
+  return op == Unary::exp || op == Unary::sqrt || op == Unary::rsqrt || op == Unary::tanh || op == Unary::sigmoid ||
+         op == Unary::relu;
+}
+
+/// 1 / (1 + e^-x); for x < 0 computed as e^x / (1 + e^x) so e^-x never overflows.
+template <class A>
+TG_HOST_DEVICE TG_INLINE A sigmoid(A x) {
+  if (x >= A(0)) return A(1) / (A(1) + std::exp(-x));
+  const A e = std::exp(x);
+  return e / (A(1) + e);
+}
+
+// GELU, tanh form (Hendrycks & Gimpel 2016, eq. in §2; GPT-2's "gelu_new"):
+//   gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Evaluated as x·sigmoid(2u) (0.5(1 + tanh u) = sigmoid(2u)), which avoids the cancellation of 1 + tanh u
+// for negative x.
+template <class A>
+TG_HOST_DEVICE TG_INLINE A gelu_tanh(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  return x * sigmoid(A(2) * k * (x + c * x * x * x));
+}
+/// d/dx gelu_tanh = s + x s (1 - s) · 2 sqrt(2/pi) (1 + 3·0.044715 x^2), s = sigmoid(2u).
+template <class A>
+TG_HOST_DEVICE TG_INLINE A gelu_tanh_grad(A x) {
+  const A k = A(0.7978845608028654), c = A(0.044715);
+  const A s = sigmoid(A(2) * k * (x + c * x * x * x));
+  return s + x * s * (A(1) - s) * A(2) * k * (A(1) + A(3) * c * x * x);
+}
+
+// GELU, exact form: gelu(x) = x Φ(x) = 0.5 x erfc(-x / sqrt 2) (erfc keeps precision for x << 0).
+template <class A>
+TG_HOST_DEVICE TG_INLINE A gelu_erf(A x) {
+  return A(0.5) * x * std::erfc(-x * A(0.7071067811865476));
+}
+/// d/dx gelu_erf = Φ(x) + x φ(x), φ(x) = e^{-x^2/2} / sqrt(2 pi).
+template <class A>
+TG_HOST_DEVICE TG_INLINE A gelu_erf_grad(A x) {
+  return A(0.5) * std::erfc(-x * A(0.7071067811865476)) + x * A(0.3989422804014327) * std::exp(A(-0.5) * x * x);
+}
+
+template <class A>
+TG_HOST_DEVICE TG_INLINE A apply(Unary op, A x) {
+  switch (op) {
+    case Unary::exp: return std::exp(x);
+    case Unary::log: return std::log(x);
+    case Unary::sqrt: return std::sqrt(x);
+    case Unary::rsqrt: return A(1) / std::sqrt(x);
+    case Unary::tanh: return std::tanh(x);
+    case Unary::sigmoid: return sigmoid(x);
+    case Unary::relu: return x < A(0) ? A(0) : x;  // NaN propagates
+    case Unary::gelu_tanh: return gelu_tanh(x);
+    case Unary::gelu_erf: return gelu_erf(x);
+    case Unary::silu: return x * sigmoid(x);
+  }
+  return x;
+}
+
+/// dy/dx of `op` at x (with y = apply(op, x)); reads y when uses_output(op), else x.
+template <class A>
+TG_HOST_DEVICE TG_INLINE A grad(Unary op, A x, A y) {
+  switch (op) {
+    case Unary::exp: return y;                            // d e^x = e^x
+    case Unary::log: return A(1) / x;                     // d log x = 1/x
+    case Unary::sqrt: return A(0.5) / y;                  // d sqrt x = 1 / (2 sqrt x)
+    case Unary::rsqrt: return A(-0.5) * y * y * y;        // d x^-1/2 = -x^-3/2 / 2
+    case Unary::tanh: return A(1) - y * y;                // d tanh = 1 - tanh^2
+    case Unary::sigmoid: return y * (A(1) - y);           // d s = s (1 - s)
+    case Unary::relu: return y > A(0) ? A(1) : A(0);      // subgradient 0 at x = 0
+    case Unary::gelu_tanh: return gelu_tanh_grad(x);
+    case Unary::gelu_erf: return gelu_erf_grad(x);
+    case Unary::silu: {                                   // d x s(x) = s (1 + x (1 - s))
+      const A s = sigmoid(x);
+      return s * (A(1) + x * (A(1) - s));
+    }
+  }
+  return A(0);
+}
+
+/// Dropout's keep rule (ops/dropout.hpp): element i survives iff its uniform draw u_i >= p.
+TG_HOST_DEVICE TG_INLINE bool dropout_keep(float u, float p) { return u >= p; }
+
+}  // namespace tg::math

@@ -1,0 +1,141 @@
+// Run-time CPU feature detection: cpuid leaves 0, 1, 7.0, 7.1 and XCR0 (xgetbv) for OS state support.
+#include "typegrad/detail/cpu/cpu_features.hpp"
+
+#include <cpuid.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "typegrad/core/error.hpp"
+
+namespace tg::backend::cpu {
+namespace {
+
+struct Regs {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+};
+
+Regs cpuid(unsigned leaf, unsigned sub) {
+  Regs r;
+  __cpuid_count(leaf, sub, r.a, r.b, r.c, r.d);
+  return r;
+}
+
+std::uint64_t xgetbv0() {
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+
+bool bit(unsigned reg, int i) { return (reg >> i) & 1u; }
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  const Regs r0 = cpuid(0, 0);
+  const unsigned max_leaf = r0.a;
+  char vendor[13] = {};
+  std::memcpy(vendor + 0, &r0.b, 4);
+  std::memcpy(vendor + 4, &r0.d, 4);
+  std::memcpy(vendor + 8, &r0.c, 4);
+  f.vendor = vendor;
+  if (max_leaf < 1) return f;
+
+  const Regs r1 = cpuid(1, 0);
+  const int base_family = (r1.a >> 8) & 0xf, base_model = (r1.a >> 4) & 0xf;
+  f.family = base_family == 0xf ? base_family + static_cast<int>((r1.a >> 20) & 0xff) : base_family;
+  f.model = (base_family == 0xf || base_family == 0x6) ? base_model + static_cast<int>(((r1.a >> 16) & 0xf) << 4)
+                                                       : base_model;
+  f.sse42 = bit(r1.c, 20);
+  const bool osxsave = bit(r1.c, 27);
+  // XCR0 bits: 1 = XMM, 2 = YMM upper halves, 5 = opmask, 6 = ZMM_Hi256, 7 = Hi16_ZMM.
+  const std::uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;
+  const bool os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;
+
+  f.avx = os_ymm && bit(r1.c, 28);
+  f.fma = f.avx && bit(r1.c, 12);
+  f.f16c = f.avx && bit(r1.c, 29);
+  if (max_leaf >= 7) {
+    const Regs r7 = cpuid(7, 0);
+    f.avx2 = f.avx && bit(r7.b, 5);
+    f.avx512f = os_zmm && bit(r7.b, 16);
+    f.avx512dq = f.avx512f && bit(r7.b, 17);
+    f.avx512bw = f.avx512f && bit(r7.b, 30);
+    f.avx512vl = f.avx512f && bit(r7.b, 31);
+    f.avx512_vnni = f.avx512f && bit(r7.c, 11);
+    f.avx512_fp16 = f.avx512f && bit(r7.d, 23);
+    f.amx_bf16 = bit(r7.d, 22);  // AMX also needs XCR0 tile bits and a Linux permission request; reported only
+    if (r7.a >= 1) {
+      const Regs r71 = cpuid(7, 1);
+      f.avx512_bf16 = f.avx512f && bit(r71.a, 5);
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+std::string cpu_features_string() {
+  const CpuFeatures& f = cpu_features();
+  std::string s = f.vendor + " family " + std::to_string(f.family) + " model " + std::to_string(f.model) + ":";
+  const auto add = [&s](bool on, const char* name) {
+    if (on) (s += ' ') += name;
+  };
+  add(f.sse42, "sse4.2");
+  add(f.avx, "avx");
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512_vnni, "avx512_vnni");
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.avx512_fp16, "avx512_fp16");
+  add(f.amx_bf16, "amx_bf16");
+  return s;
+}
+
+std::string_view cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::reference: return "reference";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx512bf16: return "avx512bf16";
+  }
+  return "?";
+}
+
+CpuIsa parse_cpu_isa(std::string_view name) {
+  for (CpuIsa isa : {CpuIsa::reference, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
+    if (name == cpu_isa_name(isa)) return isa;
+  throw Error("cpu kernel: unknown ISA level '", std::string(name),
+              "' (expected reference, avx2, avx512 or avx512bf16)");
+}
+
+bool cpu_supports(CpuIsa isa) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
+  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  switch (isa) {
+    case CpuIsa::reference: return true;
+    case CpuIsa::avx2: return avx2;
+    case CpuIsa::avx512: return avx512;
+    case CpuIsa::avx512bf16: return avx512 && f.avx512_bf16;
+  }
+  return false;
+}
+
+CpuIsa best_cpu_isa() {
+  for (CpuIsa isa : {CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2})
+    if (cpu_supports(isa)) return isa;
+  return CpuIsa::reference;
+}
+
+}  // namespace tg::backend::cpu

@@ -1,0 +1,58 @@
+// AVX2 + FMA packed GEMM: 6x16 fp32 micro-kernel; bf16 and fp16 operands are widened to fp32 while packing.
+#define TG_GEMM_ISA avx2
+#include "gemm_packed.hpp"
+
+namespace tg::backend::cpu::packed::avx2 {
+namespace {
+
+/// fp32 lanes in ymm registers (8 per vector).
+struct VecF32x8 {
+  using elem = float;
+  using acc = __m256;
+  using areg = __m256;
+  using breg = __m256;
+  static constexpr int lanes = 8, kp = 1;
+  static acc zero() { return _mm256_setzero_ps(); }
+  static acc set1(float x) { return _mm256_set1_ps(x); }
+  static breg load_b(const float* p) { return _mm256_load_ps(p); }
+  static areg bcast_a(const float* p) { return _mm256_broadcast_ss(p); }
+  static acc fma(acc c, areg a, breg b) { return _mm256_fmadd_ps(a, b, c); }
+  static acc mul(acc a, acc b) { return _mm256_mul_ps(a, b); }
+  static acc fmadd(acc a, acc b, acc c) { return _mm256_fmadd_ps(a, b, c); }
+  static acc loadc(const float* p) { return _mm256_loadu_ps(p); }
+  static void storec(float* p, acc v) { _mm256_storeu_ps(p, v); }
+};
+
+// Note [AVX2 GEMM blocking] (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3; 2 x 256-bit FMA, latency 4)
+// 6x16: 12 ymm accumulators (>= 4 x 2 = 8 chains in flight), 2 for B, 1 for the A broadcast; per k it does
+// 12 FMAs for 2 vector loads + 6 broadcasts, under Zen 3's 3 loads / cycle.
+// KC = 256: a B micro-panel is 256 x 16 x 4 B = 16 KiB, half of L1 (the A micro-panel and C stream past it).
+// MC = 240 (40 panels): an A block is 240 x 256 x 4 B = 240 KiB, under half of L2.
+// NC = 4096: a B block is 256 x 4096 x 4 B = 4 MiB, well inside L3 (on 2 threads each core packs and
+// reads its own half of it: Note [GEMM blocking and threads]).
+struct Kernel {
+  using elem = float;
+  static constexpr int MR = 6, NR = 16, KP = 1;
+  static constexpr std::int64_t KC = 256, MC = 240, NC = 4096;
+  static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
+                                              std::int64_t ldc, float alpha, float beta, bool direct) {
+    micro_kernel<VecF32x8, MR, NR / VecF32x8::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
+  }
+};
+
+}  // namespace
+}  // namespace tg::backend::cpu::packed::avx2
+
+namespace tg::backend::cpu::packed {
+
+template <class T>
+void gemm_avx2(const GemmArgs<T>& g, int threads) {
+  avx2::run<avx2::Kernel>(g, threads);
+}
+template void gemm_avx2<float>(const GemmArgs<float>&, int);
+template void gemm_avx2<bf16>(const GemmArgs<bf16>&, int);
+template void gemm_avx2<fp16>(const GemmArgs<fp16>&, int);
+
+const char* kernel_desc_avx2() { return "avx2-fma packed 6x16"; }
+
+}  // namespace tg::backend::cpu::packed

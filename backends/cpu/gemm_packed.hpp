@@ -1,0 +1,586 @@
+// The packed GEMM shared by every ISA: the BLIS/GotoBLAS loop nest, packing, write-back and threading.
+//   #define TG_GEMM_ISA avx2                 // in backends/cpu/gemm_avx2.cpp, before the include
+//   #include "gemm_packed.hpp"                // then: avx2::run<Kernel>(args, threads)
+#pragma once
+
+#include <cstdint>
+
+#include "typegrad/detail/cpu/gemm.hpp"
+
+namespace tg::backend::cpu::packed {
+
+/// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
+template <class T>
+struct GemmArgs {
+  Trans ta = Trans::N, tb = Trans::N;
+  std::int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.f;
+  const T* A = nullptr;
+  std::int64_t lda = 0;
+  const T* B = nullptr;
+  std::int64_t ldb = 0;
+  float beta = 0.f;
+  T* C = nullptr;
+  std::int64_t ldc = 0;
+  GemmEpilogue ep{};
+};
+
+// Entry points of the ISA translation units (gemm_avx2.cpp, gemm_avx512.cpp, gemm_avx512bf16.cpp).
+// They require K > 0, M > 0, N > 0 (gemm.cpp handles the empty cases) and run on `threads` OpenMP threads
+// (1: no parallel region is opened, so they may be called from inside one).
+template <class T>
+void gemm_avx2(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
+template <class T>
+void gemm_avx512(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
+void gemm_avx512bf16(const GemmArgs<bf16>& g, int threads);
+const char* kernel_desc_avx2();        // e.g. "avx2-fma packed 6x16"
+const char* kernel_desc_avx512();
+const char* kernel_desc_avx512bf16();
+
+}  // namespace tg::backend::cpu::packed
+
+#if defined(TG_GEMM_ISA)
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+// Note [GEMM ISA translation units]
+// This part of the header is compiled once per ISA file, each with its own -m flags (backends/cpu/
+// CMakeLists.txt), inside the namespace packed::TG_GEMM_ISA. Everything it defines therefore has a
+// distinct mangled name per ISA: an inline function compiled with -mavx512f must never be merged by the
+// linker with the AVX2 copy (the linker keeps one COMDAT copy, and an AVX-512 one would then run on a
+// Zen 3 and fault). For the same reason this code calls no inline function of other headers that could
+// be emitted out of line (no tg::bf16 members, no std::vector): 16-bit values are handled as raw bits
+// here, and buffers come from std::aligned_alloc.
+
+namespace tg::backend::cpu::packed::TG_GEMM_ISA {
+
+using i64 = std::int64_t;
+
+inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+inline i64 round_up(i64 a, i64 b) { return ceil_div(a, b) * b; }
+
+inline float bits_to_f32(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline std::uint32_t f32_to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+// fp32 -> bf16 bits, round to nearest even; NaN stays NaN (same rule as Note [16-bit conversions]).
+// Branch-free (selects only), so write-back loops vectorize.
+inline std::uint16_t f32_to_bf16_rne(float f) {
+  const std::uint32_t x = f32_to_bits(f), upper = x >> 16;
+  const std::uint32_t rounded = (x + 0x7fffu + (upper & 1u)) >> 16;
+  const std::uint32_t nan = upper | ((upper & 0x7fu) == 0 ? 0x40u : 0u);
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+/// Element access as fp32: load_f32(x) = the exact fp32 value of x; store_f32 rounds to nearest even.
+template <class T>
+inline float load_f32(const T& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return bits_to_f32(static_cast<std::uint32_t>(x.bits) << 16);
+  } else {
+    static_assert(std::is_same_v<T, fp16>, "gemm_packed: element type must be float, bf16 or fp16");
+#if defined(__F16C__)
+    return _cvtsh_ss(x.bits);
+#else
+    static_assert(!std::is_same_v<T, fp16>, "gemm_packed: fp16 needs F16C in this translation unit");
+    return 0.f;
+#endif
+  }
+}
+template <class T>
+inline void store_f32(T& x, float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    x = v;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    x.bits = f32_to_bf16_rne(v);
+  } else {
+#if defined(__F16C__)
+    x.bits = static_cast<std::uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+#else
+    static_assert(!std::is_same_v<T, fp16>, "gemm_packed: fp16 needs F16C in this translation unit");
+#endif
+  }
+}
+
+/// Source element -> packed element: fp32 packs take the exact fp32 value, bf16 packs the raw bits.
+template <class E, class T>
+inline E to_packed(const T& x) {
+  if constexpr (std::is_same_v<E, float>) {
+    return load_f32(x);
+  } else {
+    static_assert(std::is_same_v<E, std::uint16_t> && std::is_same_v<T, bf16>,
+                  "gemm_packed: bf16-pair packing takes bf16 operands only");
+    return x.bits;
+  }
+}
+
+// ---- register-blocked micro-kernel ---------------------------------------------------------------------
+// Note [GEMM micro-kernel]
+// acc[MR][NV] holds an MR x NR tile of C (NR = NV * V::lanes) in vector registers. Per packed k-group
+// (KP = V::kp consecutive k: 1 for fp32, 2 for the bf16 pairs of vdpbf16ps) it loads NV vectors of the
+// packed B micro-panel, broadcasts each of the MR packed A values (or pairs) and does MR * NV FMAs:
+//     acc[i][v] += a(i, k) * b(k, v*lanes .. v*lanes + lanes-1).
+// The accumulators are independent chains, so MR * NV >= (FMA latency) x (FMA ports) keeps the pipes full
+// (Zen 3: 4 cycles x 2 ports = 8 <= 12 for 6x16). Finishing: `direct` tiles (full MR x NR, fp32 destination,
+// no epilogue) are written straight from registers, C = alpha * acc + beta * C (beta == 0: C is not read);
+// every other tile is stored raw to `c` (leading dimension NR) for write_tile.
+template <class V, int MR, int NV>
+inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typename V::elem* a,
+                                                         const typename V::elem* b, float* c, i64 ldc,
+                                                         float alpha, float beta, bool direct) {
+  constexpr int L = V::lanes, NR = NV * L, KP = V::kp;
+  typename V::acc acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  if (direct) {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
+    }
+  }
+#pragma GCC unroll 2
+  for (i64 k = 0; k < kgroups; ++k) {
+    typename V::breg bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = V::load_b(b + v * L * KP);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      const typename V::areg av = V::bcast_a(a + i * KP);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::fma(acc[i][v], av, bv[v]);
+    }
+    a += MR * KP;
+    b += NR * KP;
+  }
+  if (direct) {
+    const typename V::acc va = V::set1(alpha), vb = V::set1(beta);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        float* p = c + i * ldc + v * L;
+        typename V::acc r = V::mul(acc[i][v], va);
+        if (beta != 0.f) r = V::fmadd(vb, V::loadc(p), r);
+        V::storec(p, r);
+      }
+  } else {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) V::storec(c + i * NR + v * L, acc[i][v]);
+  }
+}
+
+// ---- write-back of edge tiles and epilogues ------------------------------------------------------------
+/// dst = alpha * tile + beta * prev (+ bias[j]); prev == nullptr reads nothing (beta == 0 or a fresh
+/// workspace); o16, when set, receives the bf16 rounding of the same fp32 value.
+template <bool kPrev, bool kBias, bool kO16, class P, class D>
+inline void write_tile_as(const float* tile, int nr_full, i64 mr, i64 nr, float alpha, float beta, const P* prev,
+                          i64 ldp, D* dst, i64 ldd, const float* bias, std::uint16_t* o16, i64 ldo) {
+  for (i64 i = 0; i < mr; ++i) {
+    const float* t = tile + i * nr_full;
+    D* d = dst + i * ldd;
+    for (i64 j = 0; j < nr; ++j) {
+      float v = alpha * t[j];
+      if constexpr (kPrev) v += beta * load_f32(prev[i * ldp + j]);
+      if constexpr (kBias) v += bias[j];
+      store_f32(d[j], v);
+      if constexpr (kO16) o16[i * ldo + j] = f32_to_bf16_rne(v);
+    }
+  }
+}
+template <class P, class D>
+inline void write_tile(const float* tile, int nr_full, i64 mr, i64 nr, float alpha, float beta, const P* prev,
+                       i64 ldp, D* dst, i64 ldd, const float* bias, std::uint16_t* o16, i64 ldo) {
+  // One loop per (prev, bias, o16) combination, so each inner loop is branch-free.
+  const int which = (prev ? 4 : 0) | (bias ? 2 : 0) | (o16 ? 1 : 0);
+#define TG_GEMM_WRITE_CASE(n, a, b, c) \
+  case n: return write_tile_as<a, b, c>(tile, nr_full, mr, nr, alpha, beta, prev, ldp, dst, ldd, bias, o16, ldo);
+  switch (which) {
+    TG_GEMM_WRITE_CASE(0, false, false, false)
+    TG_GEMM_WRITE_CASE(1, false, false, true)
+    TG_GEMM_WRITE_CASE(2, false, true, false)
+    TG_GEMM_WRITE_CASE(3, false, true, true)
+    TG_GEMM_WRITE_CASE(4, true, false, false)
+    TG_GEMM_WRITE_CASE(5, true, false, true)
+    TG_GEMM_WRITE_CASE(6, true, true, false)
+    default: return write_tile_as<true, true, true>(tile, nr_full, mr, nr, alpha, beta, prev, ldp, dst, ldd, bias, o16, ldo);
+  }
+#undef TG_GEMM_WRITE_CASE
+}
+
+// ---- packing ---------------------------------------------------------------------------------------------
+// Note [GEMM packing]
+// A block op(A)[i0 : i0+mc, k0 : k0+kc] is packed as ceil(mc/MR) micro-panels of MR rows; B block
+// op(B)[k0 : k0+kc, j0 : j0+nc] as ceil(nc/NR) micro-panels of NR columns. Within a panel, k is grouped by
+// KP (the kernel's k-pairing) and element (k, r) of the panel sits at ((k / KP) * R + r) * KP + k % KP for
+// R = MR (A) or NR (B): for KP = 1 that is plain k-major order, for KP = 2 each 32-bit lane holds the pair
+// (k, k+1) that vdpbf16ps multiplies. Rows past mc, columns past nc and k past kc (up to a multiple of KP)
+// are packed as zeros, so edge tiles run the full kernel; their padded outputs are never written (a zero
+// times an inf in the other operand gives NaN only in those discarded outputs). Transposes and leading
+// dimensions are resolved here: op(A)(i, k) = ta == N ? A[i*lda + k] : A[k*lda + i], likewise for B; each
+// case walks the source along its contiguous dimension. 16-bit operands are converted while packing.
+#if defined(__AVX2__)
+/// Eight consecutive elements as fp32 (exact).
+template <class T>
+inline __m256 load8_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    static_assert(!std::is_same_v<T, fp16>, "gemm_packed: fp16 needs F16C in this translation unit");
+    return _mm256_setzero_ps();
+#endif
+  }
+}
+/// dst[c * ldd + r] = src[r * lds + c] for an 8 x 8 block (unpack / shuffle / lane-permute transpose).
+template <class T>
+inline void transpose8x8(const T* src, i64 lds, float* dst, i64 ldd) {
+  __m256 r[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = load8_f32(src + i * lds);
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {  // t[i] = (r_i0 r_i+1,0 r_i1 r_i+1,1 | 4 5), t[i+1] = (2 3 | 6 7)
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 8; h += 4) {  // rows h..h+3 of columns (0|4), (1|5), (2|6), (3|7)
+    r[h + 0] = _mm256_shuffle_ps(t[h + 0], t[h + 2], 0x44);
+    r[h + 1] = _mm256_shuffle_ps(t[h + 0], t[h + 2], 0xee);
+    r[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+    r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[c + 4], 0x20));
+    _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[c + 4], 0x31));
+  }
+}
+#endif
+
+template <class E, int R, int KP, class T>
+void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64 kc, E* dst) {
+  const i64 kcp = round_up(kc, KP);
+  const auto at = [](i64 k, i64 r) { return ((k / KP) * R + r) * KP + k % KP; };
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<E, float> && KP == 1 && R % 8 == 0) {
+    if (k_contiguous && rows == R) {  // full panel, fp32 pack: 8 x 8 transposes, then the k tail
+      const i64 k8 = kc / 8 * 8;
+      for (i64 k = 0; k < k8; k += 8) {
+        if (k % 16 == 0)  // one line per row of the next panel, ahead of its use (no fault past the end)
+          for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(src + (R + r) * s_r + k), _MM_HINT_T1);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r += 8) transpose8x8(src + r * s_r + k, s_r, dst + k * R + r, R);
+      }
+      for (i64 r = 0; r < R; ++r)
+        for (i64 k = k8; k < kc; ++k) dst[k * R + r] = to_packed<E>(src[r * s_r + k]);
+      return;
+    }
+  }
+#endif
+  if (k_contiguous) {  // src(r, k) = src[r * s_r + k]
+    for (i64 r = 0; r < rows; ++r) {
+      const T* s = src + r * s_r;
+      for (i64 k = 0; k < kc; ++k) dst[at(k, r)] = to_packed<E>(s[k]);
+      for (i64 k = kc; k < kcp; ++k) dst[at(k, r)] = E(0);
+    }
+    for (i64 r = rows; r < R; ++r)
+      for (i64 k = 0; k < kcp; ++k) dst[at(k, r)] = E(0);
+  } else {  // src(r, k) = src[k * s_k + r]
+    for (i64 k = 0; k < kc; ++k) {
+      const T* s = src + k * s_k;
+      if constexpr (KP == 1) {
+        E* d = dst + k * R;
+        for (i64 r = 0; r < rows; ++r) d[r] = to_packed<E>(s[r]);
+        for (i64 r = rows; r < R; ++r) d[r] = E(0);
+      } else {
+        for (i64 r = 0; r < rows; ++r) dst[at(k, r)] = to_packed<E>(s[r]);
+        for (i64 r = rows; r < R; ++r) dst[at(k, r)] = E(0);
+      }
+    }
+    for (i64 k = kc; k < kcp; ++k)
+      for (i64 r = 0; r < R; ++r) dst[at(k, r)] = E(0);
+  }
+}
+
+/// Packs op(A)[i0 : i0+mc, k0 : k0+kc] into MR-row micro-panels (Note [GEMM packing]).
+template <class Kr, class T>
+void pack_a(const GemmArgs<T>& g, i64 i0, i64 mc, i64 k0, i64 kc, typename Kr::elem* dst) {
+  const i64 kcp = round_up(kc, Kr::KP);
+  for (i64 p = 0; p * Kr::MR < mc; ++p) {
+    const i64 i = i0 + p * Kr::MR, rows = imin(Kr::MR, mc - p * Kr::MR);
+    typename Kr::elem* d = dst + p * Kr::MR * kcp;
+    if (g.ta == Trans::N)
+      pack_panel<typename Kr::elem, Kr::MR, Kr::KP>(g.A + i * g.lda + k0, g.lda, 0, true, rows, kc, d);
+    else
+      pack_panel<typename Kr::elem, Kr::MR, Kr::KP>(g.A + k0 * g.lda + i, 0, g.lda, false, rows, kc, d);
+  }
+}
+
+/// Packs B micro-panels [p0, p1) of op(B)[k0 : k0+kc, j0 : j0+nc] (Note [GEMM packing]); panel p goes to
+/// dst + (p - p_base) * NR * kcp.
+template <class Kr, class T>
+void pack_b(const GemmArgs<T>& g, i64 j0, i64 nc, i64 k0, i64 kc, i64 p0, i64 p1, i64 p_base, typename Kr::elem* dst) {
+  const i64 kcp = round_up(kc, Kr::KP);
+  if (g.tb == Trans::T) {
+    for (i64 p = p0; p < p1; ++p) {
+      const i64 j = j0 + p * Kr::NR, cols = imin(Kr::NR, nc - p * Kr::NR);
+      pack_panel<typename Kr::elem, Kr::NR, Kr::KP>(g.B + j * g.ldb + k0, g.ldb, 0, true, cols, kc,
+                                                     dst + (p - p_base) * Kr::NR * kcp);
+    }
+    return;
+  }
+  // op(B) rows are contiguous: walk 16 rows at a time across all panels, so the source is read row by
+  // row (sequential, prefetch-friendly) instead of one 64-byte piece per row per panel.
+  constexpr i64 kStep = 16;  // a multiple of KP: only the last step can be odd (and is padded)
+  for (i64 kb = 0; kb < kc; kb += kStep) {
+    const i64 kn = imin(kStep, kc - kb);
+    for (i64 p = p0; p < p1; ++p) {
+      const i64 j = j0 + p * Kr::NR, cols = imin(Kr::NR, nc - p * Kr::NR);
+      pack_panel<typename Kr::elem, Kr::NR, Kr::KP>(g.B + (k0 + kb) * g.ldb + j, 0, g.ldb, false, cols, kn,
+                                                     dst + (p - p_base) * Kr::NR * kcp + kb * Kr::NR);
+    }
+  }
+}
+
+// ---- buffers ---------------------------------------------------------------------------------------------
+/// A grow-only 64-byte-aligned buffer; one set per thread (OpenMP pool threads live as long as the process).
+struct Buffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { std::free(p); }
+  void* get(std::size_t n) {
+    if (n > bytes) {
+      std::free(p);
+      bytes = static_cast<std::size_t>(round_up(static_cast<i64>(n), 4096));
+      p = std::aligned_alloc(64, bytes);
+      if (!p) {
+        bytes = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return p;
+  }
+};
+enum BufferId { kBufA = 0, kBufB = 1, kBufW = 2 };
+inline Buffer& thread_buffer(int id) {
+  thread_local Buffer buffers[3];
+  return buffers[id];
+}
+
+// ---- the loop nest ----------------------------------------------------------------------------------------
+// Note [GEMM blocking and threads]
+// Loops, outermost first (Goto & van de Geijn 2008, "Anatomy of high-performance matrix multiplication";
+// the BLIS five-loop form):
+//   m-chunk (only for 16-bit C with K > KC, see below)
+//   jc over N by nc  ->  pc over K by kc: pack op(B) block [kc x nc] (shared by all threads, in L3)
+//   ic over this thread's rows by mc: pack op(A) block [mc x kc] (private, in L2)
+//   jr over this thread's B micro-panels (kc x NR, stays in L1)  ->  ir over the A micro-panels  -> kernel
+// kc, mc, nc are the ISA's KC/MC/NC evened out over the dimension (so K = 768 with KC = 256 is 3 x 256,
+// not 256+256+256+0) and rounded to KP / MR / NR. Threads form a tm x tn grid (tm * tn = threads): thread
+// (r, s) computes rows part r (whole MR panels) x B micro-panels part s of every block, and packs B panels
+// [t * pn / nt, (t+1) * pn / nt) of the shared block. The grid minimising the largest per-thread tile
+// wins; within 5% of it, the fewest row parts. With tm = 1 (the usual case: GPT shapes on 2 threads are
+// 1 x 2) a thread's packing range is exactly its compute range, so no barrier is needed at all; each
+// thread packs all of A, which costs (threads-1)/(2N) of the flops. With tm > 1 (N too narrow to split)
+// a barrier follows the cooperative B packing and another precedes the next block's packing.
+// The next B micro-panel is prefetched into L2 spread over the current panel's kernel calls.
+// Accumulation over the K blocks is in fp32: for fp32 C the partial sums live in C itself (block 0 applies
+// the user's beta, later blocks beta = 1); for 16-bit C with more than one K block they live in an fp32
+// workspace W [m-chunk x nc] (m-chunk chosen so W stays near 4 MiB) and C is rounded once, in the last
+// block, where the epilogue (bias, bf16 copy) is applied too.
+template <class Kr, class T>
+void run(const GemmArgs<T>& g, int threads) {
+  using E = typename Kr::elem;
+  constexpr int MR = Kr::MR, NR = Kr::NR, KP = Kr::KP;
+  constexpr bool c_is_f32 = std::is_same_v<T, float>;
+  const i64 M = g.M, N = g.N, K = g.K;
+
+  const i64 nkb = ceil_div(K, Kr::KC);
+  const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
+  const i64 nnb = ceil_div(N, Kr::NC);
+  const i64 nc_nom = round_up(ceil_div(N, nnb), NR);
+  const i64 pn_nom = nc_nom / NR;
+
+  // Thread grid: the largest per-thread tile area decides; among grids within 5% of the best, the one
+  // with the fewest row parts wins (with one row part every thread packs only the B panels it uses, so
+  // no barrier is needed; the price, each thread packing all of A, is (threads-1)/(2N) of the flops).
+  const i64 pm_all = ceil_div(M, MR), pn_all = ceil_div(imin(N, nc_nom), NR);
+  const auto row_parts = [&](int nt) {
+    i64 best = -1;
+    for (int d = 1; d <= nt; ++d)
+      if (nt % d == 0) {
+        const i64 cost = ceil_div(pm_all, d) * ceil_div(pn_all, nt / d);
+        if (best < 0 || cost < best) best = cost;
+      }
+    for (int d = 1; d <= nt; ++d)
+      if (nt % d == 0 && ceil_div(pm_all, d) * ceil_div(pn_all, nt / d) * 100 <= best * 105) return d;
+    return nt;
+  };
+
+  const bool use_w = !c_is_f32 && nkb > 1;
+  const i64 mch_nom = use_w ? imax(static_cast<i64>(MR) * (threads < 1 ? 1 : threads),
+                                   round_up((i64{1} << 20) / nc_nom, MR))
+                            : M;
+  const i64 kcp_nom = round_up(kc_nom, KP);
+  const i64 mc_max = round_up(Kr::MC, MR);
+
+  // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
+  E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));
+  float* wbuf = use_w ? static_cast<float*>(thread_buffer(kBufW).get(sizeof(float) * mch_nom * nc_nom)) : nullptr;
+  const float* bias = g.ep.bias;
+  std::uint16_t* o16 = reinterpret_cast<std::uint16_t*>(g.ep.out_bf16);
+
+  // Thread t of a team of nt (tm x tn grid). Every thread runs the same m-chunk / jc / kb trip counts, so
+  // all of them meet every barrier.
+  // With one row part (tm = 1) every thread packs exactly the B panels it computes on, into its own
+  // buffer: the threads then share nothing and need no barrier. (A shared buffer would not do: the panel
+  // split differs between jc blocks of different widths, so a thread running ahead would overwrite a
+  // panel its neighbour still reads.)
+  const auto private_b_bytes = [&](int nt) { return sizeof(E) * (ceil_div(pn_nom, nt) + 1) * NR * kcp_nom; };
+  const auto body = [&](int t, int nt) {
+    const int tm = row_parts(nt), tn = nt / tm;
+    const int tr = t / tn, ts = t % tn;
+    E* abuf = static_cast<E*>(thread_buffer(kBufA).get(sizeof(E) * mc_max * kcp_nom));
+    E* const b_own = tm == 1 ? static_cast<E*>(thread_buffer(kBufB).get(private_b_bytes(nt))) : bbuf;
+    alignas(64) float tile[MR * NR];
+    for (i64 m_lo = 0; m_lo < M; m_lo += mch_nom) {
+      const i64 mch = imin(mch_nom, M - m_lo), pm = ceil_div(mch, MR);
+      const i64 r0 = m_lo + (tr * pm / tm) * MR, r1 = imin(m_lo + mch, m_lo + ((tr + 1) * pm / tm) * MR);
+      // This thread's rows in ceil(rows / MC) even blocks of whole MR panels.
+      const i64 my_rows = imax(r1 - r0, 0);
+      const i64 mc_nom = my_rows ? imin(mc_max, round_up(ceil_div(my_rows, ceil_div(my_rows, mc_max)), MR)) : MR;
+      for (i64 jc = 0; jc < N; jc += nc_nom) {
+        const i64 nc = imin(nc_nom, N - jc), pn = ceil_div(nc, NR);
+        const i64 q0 = ts * pn / tn, q1 = (ts + 1) * pn / tn;
+        for (i64 kb = 0; kb < nkb; ++kb) {
+          const i64 k0 = kb * kc_nom, kc = imin(kc_nom, K - k0), kcp = round_up(kc, KP);
+          const bool first = kb == 0, last = kb == nkb - 1;
+          const bool ep = last && (bias || o16);
+          const float beta_k = first ? g.beta : 1.f;
+          if (tm == 1) pack_b<Kr>(g, jc, nc, k0, kc, q0, q1, q0, b_own);  // q0..q1 == this thread's share
+          else pack_b<Kr>(g, jc, nc, k0, kc, t * pn / nt, (t + 1) * pn / nt, 0, bbuf);
+          if (tm > 1) {  // B panels packed by one thread are used by others
+#pragma omp barrier
+          }
+          for (i64 ic = r0; ic < r1; ic += mc_nom) {
+            const i64 mc = imin(mc_nom, r1 - ic);
+            pack_a<Kr>(g, ic, mc, k0, kc, abuf);
+            for (i64 q = q0; q < q1; ++q) {
+              const i64 j = jc + q * NR, nr = imin(NR, N - j);
+              const E* bp = tm == 1 ? b_own + (q - q0) * NR * kcp : bbuf + q * NR * kcp;
+              const float* bias_j = (last && bias) ? bias + j : nullptr;
+              // The next B micro-panel comes from L3 (the shared block): spread its prefetch into L2 over
+              // this panel's kernel calls, so its first use does not stall on L3 latency.
+              const char* next_b = reinterpret_cast<const char*>(bp + NR * kcp);
+              const i64 b_lines = q + 1 < q1 ? NR * kcp * static_cast<i64>(sizeof(E)) / 64 : 0;
+              const i64 a_panels = ceil_div(mc, MR);
+              for (i64 ip = 0; ip * MR < mc; ++ip) {
+                for (i64 l = ip * b_lines / a_panels; l < (ip + 1) * b_lines / a_panels; ++l)
+                  _mm_prefetch(next_b + l * 64, _MM_HINT_T1);
+                const i64 i = ic + ip * MR, mr = imin(MR, mc - ip * MR);
+                const E* ap = abuf + ip * MR * kcp;
+                const bool full = mr == MR && nr == NR;
+                std::uint16_t* o16_ij = (last && o16) ? o16 + i * g.ep.ldo + j : nullptr;
+                T* cij = g.C + i * g.ldc + j;
+                if constexpr (c_is_f32) {
+                  if (full && !ep) {
+                    Kr::micro(kcp / KP, ap, bp, cij, g.ldc, g.alpha, beta_k, true);
+                  } else {
+                    Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
+                    const float* prev = (first && g.beta == 0.f) ? nullptr : cij;
+                    write_tile(tile, NR, mr, nr, g.alpha, beta_k, prev, g.ldc, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
+                  }
+                } else if (!use_w) {  // one K block: C (16-bit) read with beta, rounded once
+                  Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
+                  const T* prev = g.beta == 0.f ? nullptr : cij;
+                  write_tile(tile, NR, mr, nr, g.alpha, g.beta, prev, g.ldc, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
+                } else {  // fp32 partial sums in W; C rounded once, in the last K block
+                  float* wij = wbuf + (i - m_lo) * nc_nom + (j - jc);
+                  if (!first && !last && full) {
+                    Kr::micro(kcp / KP, ap, bp, wij, nc_nom, g.alpha, 1.f, true);
+                    continue;
+                  }
+                  Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
+                  if (first) {
+                    const T* prev = g.beta == 0.f ? nullptr : cij;
+                    write_tile(tile, NR, mr, nr, g.alpha, g.beta, prev, g.ldc, wij, nc_nom, nullptr, nullptr, 0);
+                  } else if (!last) {
+                    write_tile(tile, NR, mr, nr, g.alpha, 1.f, wij, nc_nom, wij, nc_nom, nullptr, nullptr, 0);
+                  } else {
+                    write_tile(tile, NR, mr, nr, g.alpha, 1.f, wij, nc_nom, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
+                  }
+                }
+              }
+            }
+          }
+          if (tm > 1) {  // B panels packed by one thread are used by others
+#pragma omp barrier
+          }
+        }
+      }
+    }
+  };
+
+  if (threads <= 1) {
+    body(0, 1);
+    return;
+  }
+  // The team can be smaller than asked (OMP_DYNAMIC, thread limits); the grid follows the actual team.
+  // Exceptions cannot leave a parallel region: only std::bad_alloc can be thrown here, and the A buffer
+  // is grown (and may throw) before any barrier, so a failure is caught and re-thrown after the region.
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    bool ok = true;
+    try {
+      (void)thread_buffer(kBufA).get(sizeof(E) * mc_max * kcp_nom);
+      const int team = omp_get_num_threads();
+      if (row_parts(team) == 1 && omp_get_thread_num() != 0) (void)thread_buffer(kBufB).get(private_b_bytes(team));
+    } catch (...) {
+      ok = false;
+    }
+    if (!ok) {
+#pragma omp atomic write
+      failed = true;
+    }
+#pragma omp barrier
+    bool any_failed;
+#pragma omp atomic read
+    any_failed = failed;
+    if (!any_failed) body(omp_get_thread_num(), omp_get_num_threads());
+  }
+  if (failed) throw std::bad_alloc();
+}
+
+}  // namespace tg::backend::cpu::packed::TG_GEMM_ISA
+
+#endif  // TG_GEMM_ISA

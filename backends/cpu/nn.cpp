@@ -1,0 +1,285 @@
+// Row kernels of the nn ops: softmax / log_softmax, layernorm / rmsnorm, embedding, cross_entropy.
+// Each row of a contiguous [rows, n] block is one OpenMP work item; math in accum_t<T> (fp32 for 16-bit
+// storage), rounded once on store. Column reductions (dweight, dbias, embedding rows) are computed by one
+// thread per output column block, summing rows in order: results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "typegrad/detail/cpu/kernels.hpp"
+
+namespace tg::backend::cpu {
+
+namespace {
+constexpr std::int64_t kParallelMin = 1 << 14;  // elements below which a kernel stays single-threaded
+constexpr std::int64_t kColBlock = 64;          // columns per work item of a column reduction
+
+template <class A, class T>
+A row_max(const T* x, std::int64_t n) {
+  A m = -std::numeric_limits<A>::infinity();
+  for (std::int64_t j = 0; j < n; ++j) {
+    const A v = scalar_cast<A>(x[j]);
+    m = v > m ? v : m;
+  }
+  return m;
+}
+}  // namespace
+
+// ---- softmax -----------------------------------------------------------------------------------------
+template <class T>
+void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
+  using A = accum_t<T>;
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const A m = row_max<A>(xr, n);
+    A s = 0;
+    if (log) {
+      for (std::int64_t j = 0; j < n; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
+      const A ls = m + std::log(s);
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
+    } else if constexpr (std::is_same_v<T, A>) {  // full-precision storage: keep exp in y, then scale
+      for (std::int64_t j = 0; j < n; ++j) {
+        const A e = std::exp(xr[j] - m);
+        yr[j] = e;
+        s += e;
+      }
+      const A inv = A(1) / s;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    } else {  // 16-bit storage: recompute exp rather than round it twice
+      for (std::int64_t j = 0; j < n; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
+      const A inv = A(1) / s;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(std::exp(scalar_cast<A>(xr[j]) - m) * inv);
+    }
+  }
+}
+
+template <class T>
+void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
+  using A = accum_t<T>;
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* yr = y + r * n;
+    const T* gr = dy + r * n;
+    T* dr = dx + r * n;
+    A s = 0;
+    if (log) {
+      for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]);
+      for (std::int64_t j = 0; j < n; ++j)
+        dr[j] = scalar_cast<T>(scalar_cast<A>(gr[j]) - std::exp(scalar_cast<A>(yr[j])) * s);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
+      for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - s));
+    }
+  }
+}
+
+// ---- layernorm / rmsnorm -----------------------------------------------------------------------------
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,
+                       std::int64_t rows, std::int64_t n, double eps) {
+  using A = accum_t<T>;
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A s = 0;
+    for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(xr[j]);
+    const A mu = s / static_cast<A>(n);
+    A v = 0;  // two passes: the variance of centred values does not cancel
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A d = scalar_cast<A>(xr[j]) - mu;
+      v += d * d;
+    }
+    const A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
+    mean[r] = mu;
+    rstd[r] = rs;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A o = (scalar_cast<A>(xr[j]) - mu) * rs * scalar_cast<A>(w[j]);
+      yr[j] = scalar_cast<T>(b ? o + scalar_cast<A>(b[j]) : o);
+    }
+  }
+}
+
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
+  using A = accum_t<T>;
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A s = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A v = scalar_cast<A>(xr[j]);
+      s += v * v;
+    }
+    const A rs = A(1) / std::sqrt(s / static_cast<A>(n) + static_cast<A>(eps));
+    rstd[r] = rs;
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) * rs * scalar_cast<A>(w[j]));
+  }
+}
+
+template <class T>
+void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd, const T* dy, T* dx,
+                        T* dw, T* db, std::int64_t rows, std::int64_t n) {
+  using A = accum_t<T>;
+  const bool par = rows * n > kParallelMin;
+  if (dx) {
+#pragma omp parallel for schedule(static) if (par)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * n;
+      const T* gr = dy + r * n;
+      const A mu = mean ? mean[r] : A(0), rs = rstd[r];
+      A mg = 0, mgx = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const A xh = (scalar_cast<A>(xr[j]) - mu) * rs;
+        const A g = scalar_cast<A>(gr[j]) * scalar_cast<A>(w[j]);
+        mg += g;
+        mgx += g * xh;
+      }
+      mg = mean ? mg / static_cast<A>(n) : A(0);
+      mgx /= static_cast<A>(n);
+      T* dr = dx + r * n;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const A xh = (scalar_cast<A>(xr[j]) - mu) * rs;
+        const A g = scalar_cast<A>(gr[j]) * scalar_cast<A>(w[j]);
+        dr[j] = scalar_cast<T>(rs * (g - mg - xh * mgx));
+      }
+    }
+  }
+  if (dw || db) {
+    const std::int64_t blocks = (n + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static) if (par)
+    for (std::int64_t cb = 0; cb < blocks; ++cb) {
+      const std::int64_t c0 = cb * kColBlock, c1 = std::min(n, c0 + kColBlock);
+      A aw[kColBlock] = {}, ab[kColBlock] = {};
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n;
+        const T* gr = dy + r * n;
+        const A mu = mean ? mean[r] : A(0), rs = rstd[r];
+        for (std::int64_t j = c0; j < c1; ++j) {
+          const A g = scalar_cast<A>(gr[j]);
+          aw[j - c0] += g * (scalar_cast<A>(xr[j]) - mu) * rs;
+          ab[j - c0] += g;
+        }
+      }
+      for (std::int64_t j = c0; j < c1; ++j) {
+        if (dw) dw[j] = scalar_cast<T>(aw[j - c0]);
+        if (db) db[j] = scalar_cast<T>(ab[j - c0]);
+      }
+    }
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------------
+template <class T>
+void embedding_forward(const T* w, const std::int64_t* idx, T* out, std::int64_t n, std::int64_t C) {
+#pragma omp parallel for schedule(static) if (n * C > kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) std::copy_n(w + idx[i] * C, C, out + i * C);
+}
+
+template <class T>
+void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V, std::int64_t C) {
+  using A = accum_t<T>;
+  // Stable counting sort of positions by index: rows of dw are then independent work items, each summing
+  // its occurrences in their original order.
+  std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(idx[i] + 1)];
+  for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
+  {
+    std::vector<std::int64_t> pos(start.begin(), start.end() - 1);
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(pos[static_cast<std::size_t>(idx[i])]++)] = i;
+  }
+  const bool par = V * C > kParallelMin;
+#pragma omp parallel if (par)
+  {
+    std::vector<A> acc(static_cast<std::size_t>(C));
+#pragma omp for schedule(dynamic, 64)
+    for (std::int64_t v = 0; v < V; ++v) {
+      T* row = dw + v * C;
+      const std::int64_t p0 = start[static_cast<std::size_t>(v)], p1 = start[static_cast<std::size_t>(v + 1)];
+      if (p0 == p1) {
+        std::fill_n(row, C, scalar_cast<T>(0.0));
+        continue;
+      }
+      std::fill(acc.begin(), acc.end(), A(0));
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const T* g = dout + order[static_cast<std::size_t>(p)] * C;
+        for (std::int64_t j = 0; j < C; ++j) acc[static_cast<std::size_t>(j)] += scalar_cast<A>(g[j]);
+      }
+      for (std::int64_t j = 0; j < C; ++j) row[j] = scalar_cast<T>(acc[static_cast<std::size_t>(j)]);
+    }
+  }
+}
+
+// ---- cross_entropy -----------------------------------------------------------------------------------
+template <class T>
+double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, std::int64_t rows,
+                             std::int64_t V, std::int64_t ignore_index, std::int64_t* count) {
+  using A = accum_t<T>;
+  std::vector<double> loss(static_cast<std::size_t>(rows));
+#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = logits + r * V;
+    const A m = row_max<A>(xr, V);
+    A s = 0;
+    for (std::int64_t j = 0; j < V; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
+    const A l = m + std::log(s);
+    lse[r] = l;
+    const std::int64_t t = targets[r];
+    loss[static_cast<std::size_t>(r)] = t == ignore_index ? 0.0 : static_cast<double>(l - scalar_cast<A>(xr[t]));
+  }
+  double total = 0;
+  std::int64_t c = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == ignore_index) continue;
+    total += loss[static_cast<std::size_t>(r)];
+    ++c;
+  }
+  *count = c;
+  return total;
+}
+
+template <class T>
+void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, double scale,
+                            T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+  using A = accum_t<T>;
+  const A sc = static_cast<A>(scale);
+#pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = logits + r * V;
+    T* dr = dlogits + r * V;
+    const std::int64_t t = targets[r];
+    if (t == ignore_index) {
+      std::fill_n(dr, V, scalar_cast<T>(0.0));
+      continue;
+    }
+    const A l = lse[r];
+    for (std::int64_t j = 0; j < V; ++j) dr[j] = scalar_cast<T>(sc * std::exp(scalar_cast<A>(xr[j]) - l));
+    dr[t] = scalar_cast<T>(sc * (std::exp(scalar_cast<A>(xr[t]) - l) - A(1)));
+  }
+}
+
+#define TG_INSTANTIATE(T)                                                                                          \
+  template void softmax_forward<T>(const T*, T*, std::int64_t, std::int64_t, bool);                                \
+  template void softmax_backward<T>(const T*, const T*, T*, std::int64_t, std::int64_t, bool);                     \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, accum_t<T>*, std::int64_t,      \
+                                     std::int64_t, double);                                                        \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t, double);       \
+  template void layernorm_backward<T>(const T*, const T*, const accum_t<T>*, const accum_t<T>*, const T*, T*, T*,   \
+                                      T*, std::int64_t, std::int64_t);                                             \
+  template void embedding_forward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t);               \
+  template void embedding_backward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t, std::int64_t); \
+  template double cross_entropy_forward<T>(const T*, const std::int64_t*, accum_t<T>*, std::int64_t, std::int64_t,  \
+                                           std::int64_t, std::int64_t*);                                           \
+  template void cross_entropy_backward<T>(const T*, const std::int64_t*, const accum_t<T>*, double, T*,            \
+                                          std::int64_t, std::int64_t, std::int64_t);
+TG_INSTANTIATE(fp64)
+TG_INSTANTIATE(fp32)
+TG_INSTANTIATE(fp16)
+TG_INSTANTIATE(bf16)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::backend::cpu

@@ -1,0 +1,133 @@
+// Unary elementwise kernels (exp, log, ..., gelu, silu), dropout and masked_fill. Strided inputs,
+// contiguous outputs; 16-bit storage is widened to fp32 in registers and rounded once on store.
+// The scalar formulas are math::apply / math::grad (detail/math.hpp), shared with the CUDA backend.
+#include <type_traits>
+
+#include "typegrad/core/random.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"
+
+namespace tg::backend::cpu {
+
+namespace {
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+constexpr std::int64_t kParallelGrain = 1 << 15;
+
+/// Calls f(row, off0, off1) for every row (last dim) of `shape`; off0 / off1 are the element offsets of
+/// the row's first element in two operands with strides s0 / s1. Rows are split across threads.
+template <class F>
+void for_each_row(const Shape& shape, const Shape& s0, const Shape& s1, F f) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  const int rank = shape.size();
+  const std::int64_t inner = rank ? shape[rank - 1] : 1, outer = n / inner;
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t rem = o, a = 0, b = 0;
+    for (int d = rank - 2; d >= 0; --d) {
+      const std::int64_t idx = rem % shape[d];
+      rem /= shape[d];
+      a += idx * s0[d];
+      b += idx * s1[d];
+    }
+    f(o, a, b);
+  }
+}
+inline std::int64_t row_len(const Shape& shape) { return shape.size() ? shape[shape.size() - 1] : 1; }
+inline std::int64_t last_stride(const Shape& s) { return s.size() ? s[s.size() - 1] : 1; }
+
+/// Calls f(std::integral_constant<Unary, op>) so the kernels' inner loops see a compile-time op.
+template <class F>
+void dispatch(math::Unary op, F f) {
+  using U = math::Unary;
+  switch (op) {
+#define TG_CASE(name) \
+  case U::name: f(std::integral_constant<U, U::name>{}); return;
+    TG_CASE(exp) TG_CASE(log) TG_CASE(sqrt) TG_CASE(rsqrt) TG_CASE(tanh) TG_CASE(sigmoid) TG_CASE(relu)
+    TG_CASE(gelu_tanh) TG_CASE(gelu_erf) TG_CASE(silu)
+#undef TG_CASE
+  }
+}
+}  // namespace
+
+template <class T>
+void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
+  using A = acc_t<T>;
+  const std::int64_t inner = row_len(shape), ix = last_stride(sx);
+  dispatch(op, [&](auto u) {
+    constexpr math::Unary U = decltype(u)::value;
+    for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
+      const T* px = x + ox;
+      T* py = y + o * inner;
+      if (ix == 1) {
+        for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i])));
+      } else {
+        for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i * ix])));
+      }
+    });
+  });
+}
+
+template <class T>
+void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy, const Shape& sdy, T* dx,
+                    const Shape& shape) {
+  using A = acc_t<T>;
+  const std::int64_t inner = row_len(shape), is = last_stride(ss), idy = last_stride(sdy);
+  dispatch(op, [&](auto u) {
+    constexpr math::Unary U = decltype(u)::value;
+    for_each_row(shape, ss, sdy, [&](std::int64_t o, std::int64_t os, std::int64_t ody) {
+      const T* ps = saved + os;
+      const T* pg = dy + ody;
+      T* pd = dx + o * inner;
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const A s = scalar_cast<A>(ps[i * is]);
+        // the saved value goes in the slot math::grad reads (x or y); the other slot is unused
+        const A d = math::uses_output(U) ? math::grad<A>(U, A(0), s) : math::grad<A>(U, s, A(0));
+        pd[i] = scalar_cast<T>(scalar_cast<A>(pg[i * idy]) * d);
+      }
+    });
+  });
+}
+
+template <class T>
+void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed, std::uint64_t offset,
+                     double p) {
+  using A = acc_t<T>;
+  const std::int64_t inner = row_len(shape), ix = last_stride(sx);
+  const float pf = static_cast<float>(p);
+  const A scale = static_cast<A>(1.0 / (1.0 - p));
+  for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
+    const T* px = x + ox;
+    T* py = y + o * inner;
+    for (std::int64_t i = 0; i < inner; ++i) {
+      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(o * inner + i));
+      const bool keep = math::dropout_keep(detail::uniform_from_bits(w[0]), pf);
+      py[i] = scalar_cast<T>(keep ? scalar_cast<A>(px[i * ix]) * scale : A(0));
+    }
+  });
+}
+
+template <class T>
+void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Shape& sm, T value, T* y,
+                 const Shape& shape) {
+  const std::int64_t inner = row_len(shape), ix = last_stride(sx), im = last_stride(sm);
+  for_each_row(shape, sx, sm, [&](std::int64_t o, std::int64_t ox, std::int64_t om) {
+    const T* px = x + ox;
+    const std::uint8_t* pm = mask + om;
+    T* py = y + o * inner;
+    for (std::int64_t i = 0; i < inner; ++i) py[i] = pm[i * im] ? value : px[i * ix];
+  });
+}
+
+#define TG_INSTANTIATE(T)                                                                                        \
+  template void unary_forward<T>(math::Unary, const T*, const Shape&, T*, const Shape&);                        \
+  template void unary_backward<T>(math::Unary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&); \
+  template void dropout_forward<T>(const T*, const Shape&, T*, const Shape&, std::uint64_t, std::uint64_t, double); \
+  template void masked_fill<T>(const T*, const Shape&, const std::uint8_t*, const Shape&, T, T*, const Shape&);
+TG_INSTANTIATE(fp64)
+TG_INSTANTIATE(fp32)
+TG_INSTANTIATE(fp16)
+TG_INSTANTIATE(bf16)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::backend::cpu

@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""Compares typegrad's CPU GEMM (bench_gemm) with torch.matmul at the GPT-2-small shapes.
+
+Usage (the OPENBLAS variables must not be set for torch's BLAS to pick its own kernels):
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /usr/bin/python3 benchmarks/compare_pytorch_gemm.py \
+        build/cpu/benchmarks/bench_gemm [--threads 2] [--repetitions 3] [--markdown]
+
+It runs bench_gemm (JSON, median of repetitions) and times torch.matmul for the same products in the same
+run, then prints: shape, product, precision, ours GFLOP/s, % of the measured fp32 peak, torch GFLOP/s, ratio.
+Products of a linear layer Y[M,N] = X[M,K] W[N,K]^T:  fwd = X @ W.T,  dX = dY @ W,  dW = dY.T @ X.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPES = [("qkv", 256, 2304, 768), ("attn_proj", 256, 768, 768), ("fc", 256, 3072, 768),
+          ("fc_proj", 256, 768, 3072), ("lm_head", 256, 50304, 768), ("square1024", 1024, 1024, 1024)]
+PRODUCTS = ["fwd", "dX", "dW"]
+
+
+def run_ours(binary, repetitions, threads):
+    cmd = [binary, "--benchmark_format=json", "--benchmark_filter=^gemm/ours/|^gemm/eigen/|^peak/",
+           f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true",
+           "--benchmark_min_time=0.3"]
+    env = dict(__import__("os").environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    data = json.loads(out)
+    res = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"]  # gemm/ours/fp32/qkv/fwd/real_time
+        parts = name.split("/")
+        if parts[0] == "gemm" and len(parts) >= 5:
+            prec = parts[2] if parts[1] == "ours" else "eigen-" + parts[2]
+            res[(parts[3], parts[4], prec)] = (b["GFLOPS"], b.get("pct_fp32_peak"), b.get("pct_bf16_peak"))
+        elif parts[0] == "peak":
+            res[("peak", parts[1], parts[2])] = (b["GFLOPS"], None, None)
+    return data.get("context", {}), res
+
+
+def time_torch(torch, M, N, K, product, dtype, min_time=0.3, min_reps=5):
+    """Median GFLOP/s of torch.matmul for one product."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(M, K, generator=g).to(dtype)
+    W = torch.randn(N, K, generator=g).to(dtype)
+    dY = torch.randn(M, N, generator=g).to(dtype)
+    f = {"fwd": lambda: torch.matmul(X, W.t()),
+         "dX": lambda: torch.matmul(dY, W),
+         "dW": lambda: torch.matmul(dY.t(), X)}[product]
+    t0 = time.perf_counter()
+    f()  # warm-up; calls over a second (netlib BLAS at lm_head size) get just 3 timed repeats
+    if time.perf_counter() - t0 > 1.0:
+        min_reps = 3
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return 2.0 * M * N * K / statistics.median(times) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_gemm", help="path to the bench_gemm binary")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = ap.parse_args()
+
+    import torch
+    torch.set_num_threads(args.threads)
+
+    context, ours = run_ours(args.bench_gemm, args.repetitions, args.threads)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"ours: fp32 = {context.get('gemm_kernel_fp32')}, bf16 = {context.get('gemm_kernel_bf16')}")
+    for k, v in sorted(context.items()):
+        if k.startswith("peak_") or k == "cpu_features":
+            print(f"# {k}: {v}")
+    for (a, b, c), (gf, _, _) in sorted(ours.items()):
+        if a == "peak":
+            print(f"# measured peak {b} {c}: {gf:.1f} GFLOP/s")
+
+    rows = []
+    for name, M, N, K in SHAPES:
+        for product in PRODUCTS:
+            for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                o = ours.get((name, product, prec))
+                t = time_torch(torch, M, N, K, product, dtype)
+                if o is None:
+                    continue
+                pct = o[1] if prec == "fp32" else o[2]
+                eig = ours.get((name, product, "eigen-" + prec), (float("nan"),))[0]
+                rows.append((f"{name} ({M},{N},{K})", product, prec, o[0], pct, t, o[0] / t, eig))
+    hdr = ("shape (M,N,K)", "product", "prec", "ours GFLOP/s", "% peak", "torch GFLOP/s", "ours/torch",
+           "Eigen GFLOP/s")
+    if args.markdown:
+        print("| " + " | ".join(hdr) + " |")
+        print("|" + "---|" * len(hdr))
+        for r in rows:
+            eig = "" if r[7] != r[7] else f"{r[7]:.1f}"
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f}% | {r[5]:.1f} | {r[6]:.1f} | {eig} |")
+    else:
+        print(f"{hdr[0]:<28}{hdr[1]:<8}{hdr[2]:<6}{hdr[3]:>14}{hdr[4]:>8}{hdr[5]:>15}{hdr[6]:>12}{hdr[7]:>15}")
+        for r in rows:
+            print(f"{r[0]:<28}{r[1]:<8}{r[2]:<6}{r[3]:>14.1f}{r[4]:>7.0f}%{r[5]:>15.1f}{r[6]:>12.1f}{r[7]:>15.1f}")
+    fp32 = [r for r in rows if r[2] == "fp32"]
+    if fp32:
+        print(f"# fp32: median {statistics.median(r[4] for r in fp32):.0f}% of peak, min {min(r[4] for r in fp32):.0f}%, "
+              f"ours faster than torch at {sum(r[6] > 1 for r in fp32)}/{len(fp32)} products")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

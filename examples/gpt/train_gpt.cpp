@@ -1,0 +1,290 @@
+// train_gpt: trains a GPT on a text file (by default the English fortunes of Debian's `fortunes` package)
+// with live progress, periodic validation, generated samples and a closing summary.
+//   train_gpt --model tiny --steps 600               # the README's first command
+//   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <typegrad/data/dataset.hpp>
+#include <typegrad/data/sampler.hpp>
+#include <typegrad/data/tokenizer.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace {
+
+struct Options {
+  std::string data;
+  std::string model = "tiny";
+  std::int64_t batch = 16;
+  std::int64_t seq = 64;
+  std::int64_t grad_accum = 1;
+  std::int64_t steps = 600;
+  float lr = 2e-3f;
+  float min_lr = -1.f;  // default: lr / 10
+  std::int64_t warmup = 50;
+  std::string schedule = "cosine";
+  std::string optimizer = "adamw";
+  float weight_decay = 0.1f;
+  double clip = 1.0;
+  std::uint64_t seed = 1337;
+  int threads = 0;
+  std::int64_t eval_every = 100;
+  std::int64_t eval_batches = 8;
+  std::int64_t sample_every = 0;
+  std::int64_t sample_tokens = 200;
+  float temperature = 0.8f;
+  std::int64_t top_k = 40;
+  float dropout = 0.0f;
+  double val_fraction = 0.1;
+  std::string log;
+  std::string prompt = "\n";
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string human_bytes(std::int64_t b) {
+  char buf[32];
+  if (b >= (1ll << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ll << 30));
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+std::string human_time(double s) {
+  char buf[32];
+  const int m = static_cast<int>(s) / 60;
+  std::snprintf(buf, sizeof buf, "%dm%02ds", m, static_cast<int>(s) % 60);
+  return buf;
+}
+
+tg::optim::Schedule make_schedule(const Options& o, std::int64_t steps) {
+  using namespace tg::optim;
+  const float min_lr = o.min_lr >= 0 ? o.min_lr : o.lr / 10;
+  const std::int64_t decay_steps = std::max<std::int64_t>(1, steps - o.warmup);
+  auto with_warmup = [&](auto decay) -> Schedule {
+    if (o.warmup > 0) return Warmup{o.warmup}.then(decay);
+    return decay;
+  };
+  if (o.schedule == "cosine") return with_warmup(Cosine{o.lr, decay_steps, min_lr});
+  if (o.schedule == "linear") return with_warmup(LinearDecay{o.lr, decay_steps, min_lr});
+  if (o.schedule == "constant") return with_warmup(Constant{o.lr});
+  if (o.schedule == "invsqrt") return with_warmup(InverseSqrt{o.lr, std::max<std::int64_t>(1, o.warmup)});
+  throw tg::Error("--schedule: unknown schedule '", o.schedule, "' (expected cosine, linear, constant or invsqrt)");
+}
+
+std::unique_ptr<tg::optim::Optimizer> make_optimizer(const Options& o, const std::vector<tg::optim::Param>& params) {
+  using namespace tg::optim;
+  auto groups = default_groups(params, o.weight_decay);
+  if (o.optimizer == "adamw") return std::make_unique<AdamW>(groups, AdamWOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay});
+  if (o.optimizer == "adam") return std::make_unique<Adam>(groups, AdamOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.f});
+  if (o.optimizer == "sgd") return std::make_unique<Sgd>(groups, SgdOptions{.lr = o.lr, .momentum = 0.9f, .dampening = 0.f, .nesterov = true, .weight_decay = 0.f});
+  if (o.optimizer == "lamb") return std::make_unique<Lamb>(groups, LambOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .weight_decay = o.weight_decay});
+  if (o.optimizer == "adafactor") {
+    AdafactorOptions a;
+    a.lr = o.lr;
+    a.relative_step = false;
+    a.weight_decay = 0.f;
+    return std::make_unique<Adafactor>(groups, a);
+  }
+  throw tg::Error("--optimizer: unknown optimizer '", o.optimizer, "' (expected adamw, adam, sgd, lamb or adafactor)");
+}
+
+/// Mean cross-entropy over `batches` sequential validation batches (no tape).
+double evaluate(const tg::nn::GPT& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq,
+                std::int64_t batches) {
+  tg::NoGrad no_grad;
+  auto sampler = tg::data::BatchSampler::sequential(ds.validation(), batch, seq);
+  const std::int64_t n = std::max<std::int64_t>(1, std::min(batches, sampler.num_batches()));
+  double total = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto b = sampler.next();
+    total += static_cast<double>(tg::cross_entropy(model.forward<tg::fp32>(b.inputs), b.targets).item());
+  }
+  return total / static_cast<double>(n);
+}
+
+/// Autoregressive sampling with temperature and top-k from the model's next-token distribution.
+std::string generate(const tg::nn::GPT& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
+                     std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen) {
+  tg::NoGrad no_grad;
+  std::vector<std::int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids.push_back(static_cast<std::int32_t>('\n'));
+  const std::int64_t block = model.config().block_size, V = model.config().vocab_size;
+  for (std::int64_t s = 0; s < tokens; ++s) {
+    const std::int64_t start = std::max<std::int64_t>(0, static_cast<std::int64_t>(ids.size()) - block);
+    const std::int64_t T = static_cast<std::int64_t>(ids.size()) - start;
+    auto idx = tg::Tensor<std::int64_t>::empty({1, T});
+    for (std::int64_t t = 0; t < T; ++t) idx.data()[t] = ids[static_cast<std::size_t>(start + t)];
+    const auto logits = model.forward<tg::fp32>(idx).contiguous();
+    const float* last = logits.data() + (T - 1) * V;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    const std::int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](auto a, auto b) { return last[a] > last[b]; });
+    std::vector<double> p(static_cast<std::size_t>(k));
+    const double mx = last[order[0]];
+    double z = 0;
+    for (std::int64_t i = 0; i < k; ++i) z += p[static_cast<std::size_t>(i)] = std::exp((last[order[static_cast<std::size_t>(i)]] - mx) / std::max(temperature, 1e-4f));
+    double u = gen.uniform() * z;
+    std::int64_t pick = order[static_cast<std::size_t>(k - 1)];
+    for (std::int64_t i = 0; i < k; ++i) {
+      u -= p[static_cast<std::size_t>(i)];
+      if (u <= 0) {
+        pick = order[static_cast<std::size_t>(i)];
+        break;
+      }
+    }
+    ids.push_back(static_cast<std::int32_t>(pick));
+  }
+  return tok.decode(std::span<const std::int32_t>(ids));
+}
+
+int run(const Options& o) {
+  if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
+  TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
+  TG_CHECK(o.warmup >= 0 && o.warmup < o.steps, "--warmup must be in [0, --steps), got ", o.warmup);
+  const tg::data::ByteTokenizer tok;
+  const auto ds = o.data.empty() ? tg::data::TextDataset::fortunes(tok, o.val_fraction, o.seq)
+                                 : tg::data::TextDataset::from_file(o.data, tok, o.val_fraction, o.seq);
+
+  auto config = tg::nn::GPTConfig::preset(o.model, tok.vocab_size());
+  config.block_size = std::max(config.block_size, o.seq);
+  config.dropout = o.dropout;
+  tg::Generator init_gen(o.seed), dropout_gen(o.seed + 1), sample_gen(o.seed + 2);
+  const tg::nn::GPT model(config, init_gen);
+  const auto params = model.named_parameters();
+  auto opt = make_optimizer(o, params);
+  auto schedule = make_schedule(o, o.steps);
+  tg::optim::GradAccumRuntime accum(o.grad_accum);
+  tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
+
+  std::ofstream log;
+  if (!o.log.empty()) {
+    log.open(o.log);
+    TG_CHECK(log.good(), "--log: cannot open '", o.log, "' for writing");
+  }
+  const bool tty = isatty(fileno(stdout));
+  std::printf("typegrad %s | data: %s (%lld train / %lld val tokens, byte-level)\n", TG_VERSION_STRING,
+              ds.source().c_str(), static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
+  std::printf("model %s: L=%lld H=%lld C=%lld T=%lld V=%lld, %.2fM parameters | %s, %s schedule, lr %.2g, batch %lldx%lld x%lld accum, %d threads\n",
+              o.model.c_str(), (long long)config.n_layer, (long long)config.n_head, (long long)config.n_embd,
+              (long long)config.block_size, (long long)config.vocab_size, tg::nn::count_parameters(params) / 1e6,
+              o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
+              tg::backend::cpu::num_threads());
+  std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
+  const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
+  std::printf("step 0: val loss %.4f\n", val0);
+
+  const auto t_start = Clock::now();
+  double loss_ema = 0, last_val = val0, best_val = val0;
+  std::int64_t tokens_done = 0;
+  double train_time = 0;
+  for (std::int64_t step = 1; step <= o.steps; ++step) {
+    const auto t0 = Clock::now();
+    double step_loss = 0;
+    for (std::int64_t m = 0; m < o.grad_accum; ++m) {
+      const auto b = sampler.next();
+      const auto loss = tg::cross_entropy(model.forward<tg::fp32>(b.inputs, dropout_gen, true), b.targets);
+      step_loss += static_cast<double>(loss.item()) / static_cast<double>(o.grad_accum);
+      accum.scale(loss).backward();
+      accum.micro_step(*opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt);
+    }
+    const double dt = seconds_since(t0);
+    train_time += dt;
+    tokens_done += o.batch * o.seq * o.grad_accum;
+    loss_ema = step == 1 ? step_loss : 0.9 * loss_ema + 0.1 * step_loss;
+    const double tok_s = static_cast<double>(tokens_done) / train_time;
+    const double left = train_time / static_cast<double>(step) * static_cast<double>(o.steps - step);
+    const auto mem = tg::allocator<tg::cpu>().stats();
+    const float lr_used = schedule.lr_at(schedule.step() - 1);
+    char line[256];
+    std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s | left %s",
+                  (long long)step, (long long)o.steps, step_loss, lr_used, accum.last_grad_norm(), dt * 1e3, tok_s,
+                  human_bytes(mem.bytes_in_use).c_str(), human_time(left).c_str());
+    const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
+    if (tty) std::printf("\r%s\x1b[K", line);
+    if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
+    if (eval_now) {
+      last_val = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
+      best_val = std::min(best_val, last_val);
+      std::printf("%sstep %lld: val loss %.4f (train loss ema %.4f)\n", tty ? "\n" : "", (long long)step, last_val, loss_ema);
+    }
+    if (o.sample_every > 0 && step % o.sample_every == 0 && step != o.steps)
+      std::printf("%s--- sample at step %lld ---\n%s\n---\n", tty ? "\n" : "", (long long)step,
+                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen).c_str());
+    if (log.is_open()) {
+      log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
+          << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use;
+      if (eval_now) log << ",\"val_loss\":" << last_val;
+      log << "}\n";
+    }
+    std::fflush(stdout);
+  }
+  if (tty) std::printf("\n");
+  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen);
+  std::printf("\n--- sample (temperature %.2f, top-k %lld) ---\n%s\n---\n", o.temperature, (long long)o.top_k, sample.c_str());
+  const auto mem = tg::allocator<tg::cpu>().stats();
+  std::printf("\nsummary\n");
+  std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
+  std::printf("  train loss (ema)  %.4f\n", loss_ema);
+  std::printf("  val loss          %.4f at the end, %.4f best, %.4f at step 0 (ln 256 = %.4f)\n", last_val, best_val, val0, std::log(256.0));
+  std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(o.steps) * 1e3,
+              static_cast<double>(tokens_done) / train_time);
+  std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
+              human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
+  std::printf("  wall time         %s\n", human_time(seconds_since(t_start)).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"train_gpt: train a GPT language model on a text file with typegrad"};
+  app.add_option("--data", o.data, "text file to train on (default: the English fortunes under /usr/share/games/fortunes)");
+  app.add_option("--model", o.model, "model preset")->check(CLI::IsMember({"tiny", "small", "gpt2"}));
+  app.add_option("--batch", o.batch, "sequences per micro-batch")->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", o.min_lr, "final learning rate of the decay (default lr/10)")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--schedule", o.schedule, "learning-rate decay")->check(CLI::IsMember({"cosine", "linear", "constant", "invsqrt"}));
+  app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"adamw", "adam", "sgd", "lamb", "adafactor"}));
+  app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (matrices only)")->check(CLI::NonNegativeNumber);
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed for initialization, sampling and data order");
+  app.add_option("--threads", o.threads, "OpenMP threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-every", o.eval_every, "validation every N steps (0: only at the end)")->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-batches", o.eval_batches, "validation batches per evaluation")->check(CLI::PositiveNumber);
+  app.add_option("--sample-every", o.sample_every, "print a generated sample every N steps (0: only at the end)")->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate in the final sample")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", o.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--val-fraction", o.val_fraction, "fraction of the corpus held out for validation")->check(CLI::Range(0.001, 0.5));
+  app.add_option("--prompt", o.prompt, "text the samples start from");
+  app.add_option("--log", o.log, "write one JSON line per step to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,173 @@
+// The GPT model (GPT-2 architecture): token + position embeddings, pre-LN blocks of causal self-attention
+// (fused QKV) and a GELU MLP, a final LayerNorm and an LM head tied to the token embedding.
+//   tg::Generator gen(1337);  tg::nn::GPT model(tg::nn::GPTConfig::preset("tiny", 256), gen);
+//   auto logits = model.forward<tg::fp32>(idx);              // idx (B,T) int64 -> (B,T,V)
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "typegrad/nn/layers.hpp"
+#include "typegrad/ops/attention.hpp"
+#include "typegrad/ops/dropout.hpp"
+#include "typegrad/ops/unary.hpp"
+
+namespace tg::nn {
+
+struct GPTConfig {
+  std::int64_t vocab_size = 256;
+  std::int64_t block_size = 128;  // the longest sequence (position embeddings)
+  std::int64_t n_layer = 4;
+  std::int64_t n_head = 4;
+  std::int64_t n_embd = 128;
+  float dropout = 0.0f;
+
+  /// Presets: "tiny" (~1M parameters with a byte vocabulary), "small" (~10M), "gpt2" (124M, GPT-2 small:
+  /// L=12, H=12, C=768, T=1024, vocabulary 50257 padded to 50304). `vocab` overrides the vocabulary
+  /// (0 keeps the preset's: 256 for tiny/small, 50304 for gpt2).
+  static GPTConfig preset(const std::string& name, std::int64_t vocab = 0) {
+    GPTConfig c;
+    if (name == "tiny") {
+      c = {256, 128, 4, 4, 128, 0.0f};
+    } else if (name == "small") {
+      c = {256, 256, 6, 6, 384, 0.0f};
+    } else if (name == "gpt2") {
+      c = {50304, 1024, 12, 12, 768, 0.0f};
+    } else {
+      throw Error("GPTConfig::preset: unknown model '", name, "' (expected tiny, small or gpt2)");
+    }
+    if (vocab > 0) c.vocab_size = vocab;
+    return c;
+  }
+  void validate() const {
+    TG_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd ", n_embd, " is not divisible by n_head ", n_head);
+    TG_CHECK(vocab_size > 0 && block_size > 0 && n_layer > 0, "GPTConfig: sizes must be positive");
+    TG_CHECK(dropout >= 0.f && dropout < 1.f, "GPTConfig: dropout must be in [0, 1), got ", dropout);
+  }
+};
+
+/// Causal multi-head self-attention with a fused QKV projection c_attn [3C, C] and output projection c_proj.
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention() = default;
+  CausalSelfAttention(const GPTConfig& c, Generator& gen)
+      : c_attn_(c.n_embd, 3 * c.n_embd, gen),
+        // GPT-2: residual projections scaled by 1/sqrt(2·n_layer) at init.
+        c_proj_(c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))),
+        n_head_(c.n_head) {}
+
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<T>& x) const {  // (B,T,C)
+    const std::int64_t B = x.size(0), T_ = x.size(1), C = x.size(2), hs = C / n_head_;
+    const Tensor<T> qkv = c_attn_.forward(x);  // (B,T,3C)
+    auto heads = [&](std::int64_t part) {      // (B,H,T,hs)
+      return qkv.narrow(2, part * C, C).reshape({B, T_, n_head_, hs}).transpose(1, 2).contiguous();
+    };
+    const Tensor<T> y = causal_attention(heads(0), heads(1), heads(2));  // (B,H,T,hs)
+    return c_proj_.forward(y.transpose(1, 2).reshape({B, T_, C}));
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    c_attn_.collect_parameters(join_name(prefix, "c_attn"), out);
+    c_proj_.collect_parameters(join_name(prefix, "c_proj"), out);
+  }
+
+ private:
+  Linear c_attn_, c_proj_;
+  std::int64_t n_head_ = 1;
+};
+
+/// GELU MLP: c_fc [4C, C] -> GELU (tanh approximation, as GPT-2) -> c_proj [C, 4C].
+class MLP {
+ public:
+  MLP() = default;
+  MLP(const GPTConfig& c, Generator& gen)
+      : c_fc_(c.n_embd, 4 * c.n_embd, gen),
+        c_proj_(4 * c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))) {}
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return c_proj_.forward(gelu_tanh(c_fc_.forward(x)));
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    c_fc_.collect_parameters(join_name(prefix, "c_fc"), out);
+    c_proj_.collect_parameters(join_name(prefix, "c_proj"), out);
+  }
+
+ private:
+  Linear c_fc_, c_proj_;
+};
+
+/// Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)); dropout on both residual branches.
+class Block {
+ public:
+  Block() = default;
+  Block(const GPTConfig& c, Generator& gen) : ln_1_(c.n_embd), attn_(c, gen), ln_2_(c.n_embd), mlp_(c, gen), dropout_(c.dropout) {}
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<T>& x, Generator& dropout_gen, bool training) const {
+    const Tensor<T> h = add(x, dropout(attn_.forward(ln_1_.forward(x)), dropout_, dropout_gen, training));
+    return add(h, dropout(mlp_.forward(ln_2_.forward(h)), dropout_, dropout_gen, training));
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    ln_1_.collect_parameters(join_name(prefix, "ln_1"), out);
+    attn_.collect_parameters(join_name(prefix, "attn"), out);
+    ln_2_.collect_parameters(join_name(prefix, "ln_2"), out);
+    mlp_.collect_parameters(join_name(prefix, "mlp"), out);
+  }
+
+ private:
+  LayerNorm ln_1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln_2_;
+  MLP mlp_;
+  float dropout_ = 0.f;
+};
+
+class GPT {
+ public:
+  GPT(const GPTConfig& config, Generator& gen) : config_(config) {
+    config_.validate();
+    wte_ = Embedding(config.vocab_size, config.n_embd, gen);
+    wpe_ = Embedding(config.block_size, config.n_embd, gen);
+    for (std::int64_t i = 0; i < config.n_layer; ++i) blocks_.emplace_back(config_, gen);
+    ln_f_ = LayerNorm(config.n_embd);
+  }
+
+  /// Logits (B,T,V) for token ids idx (B,T). Dropout draws from `dropout_gen` when training.
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
+    TG_CHECK(idx.dim() == 2, "GPT::forward: idx must be (B,T), got ", idx.shape());
+    const std::int64_t T_ = idx.size(1);
+    TG_CHECK(T_ <= config_.block_size, "GPT::forward: sequence length ", T_, " exceeds block_size ", config_.block_size);
+    const Tensor<std::int64_t> pos = Tensor<std::int64_t>::arange(T_);
+    Tensor<T> x = add(wte_.forward<T>(idx), wpe_.forward<T>(pos));  // (B,T,C) + (T,C)
+    x = dropout(x, config_.dropout, dropout_gen, training);
+    for (const Block& b : blocks_) x = b.forward(x, dropout_gen, training);
+    x = ln_f_.forward(x);
+    return linear(x, wte_.weight().to<T>());  // tied LM head: logits = x·wteᵀ
+  }
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<std::int64_t>& idx) const {
+    Generator unused(0);
+    return forward<T>(idx, unused, false);
+  }
+
+  /// GPT-2's names: wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight, ..., ln_f.bias.
+  /// The LM head is tied to wte and not listed separately.
+  std::vector<NamedParameter> named_parameters() const {
+    std::vector<NamedParameter> out;
+    wte_.collect_parameters("wte", out);
+    wpe_.collect_parameters("wpe", out);
+    for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].collect_parameters("h." + std::to_string(i), out);
+    ln_f_.collect_parameters("ln_f", out);
+    return out;
+  }
+  const GPTConfig& config() const { return config_; }
+  const std::vector<Block>& blocks() const { return blocks_; }
+
+ private:
+  GPTConfig config_;
+  Embedding wte_, wpe_;
+  std::vector<Block> blocks_;
+  LayerNorm ln_f_;
+};
+
+}  // namespace tg::nn

@@ -1,0 +1,79 @@
+// The basic layers: Linear, Embedding, LayerNorm. Parameters are fp32 masters; forward<T> computes in T
+// (a to<T>() copy of each weight, which is the identity for fp32 and differentiable otherwise).
+//   tg::nn::Linear fc(768, 3072, gen);  auto y = fc.forward(x);        // x (B,T,768) -> (B,T,3072)
+//   tg::nn::LayerNorm ln(768);          auto h = ln.forward(x);
+#pragma once
+
+#include "typegrad/nn/module.hpp"
+#include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/embedding.hpp"
+#include "typegrad/ops/layernorm.hpp"
+#include "typegrad/ops/matmul.hpp"
+
+namespace tg::nn {
+
+/// y = x·Wᵀ + b with W [out, in] (PyTorch nn.Linear layout), b [out].
+class Linear {
+ public:
+  Linear() = default;
+  Linear(std::int64_t in, std::int64_t out, Generator& gen, float init_std = 0.02f, bool bias = true)
+      : weight_(normal_parameter({out, in}, init_std, gen)), has_bias_(bias) {
+    if (bias) bias_ = constant_parameter({out}, 0.0);
+  }
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    if (has_bias_) return linear(x, weight_.to<T>(), bias_.to<T>());
+    return linear(x, weight_.to<T>());
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    out.push_back({join_name(prefix, "weight"), weight_});
+    if (has_bias_) out.push_back({join_name(prefix, "bias"), bias_});
+  }
+  const Tensor<fp32>& weight() const { return weight_; }
+  const Tensor<fp32>& bias() const { return bias_; }
+
+ private:
+  Tensor<fp32> weight_, bias_;
+  bool has_bias_ = true;
+};
+
+/// Token lookup: weight [num, dim]; forward(idx [...]) -> [..., dim].
+class Embedding {
+ public:
+  Embedding() = default;
+  Embedding(std::int64_t num, std::int64_t dim, Generator& gen, float init_std = 0.02f)
+      : weight_(normal_parameter({num, dim}, init_std, gen)) {}
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<std::int64_t>& idx) const {
+    return embedding(weight_.to<T>(), idx);
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    out.push_back({join_name(prefix, "weight"), weight_});
+  }
+  const Tensor<fp32>& weight() const { return weight_; }
+
+ private:
+  Tensor<fp32> weight_;
+};
+
+/// LayerNorm over the last dim with affine weight (ones) and bias (zeros).
+class LayerNorm {
+ public:
+  LayerNorm() = default;
+  explicit LayerNorm(std::int64_t dim, float eps = 1e-5f)
+      : weight_(constant_parameter({dim}, 1.0)), bias_(constant_parameter({dim}, 0.0)), eps_(eps) {}
+  template <FloatingElement T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return layernorm(x, weight_.to<T>(), bias_.to<T>(), eps_);
+  }
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+    out.push_back({join_name(prefix, "weight"), weight_});
+    out.push_back({join_name(prefix, "bias"), bias_});
+  }
+
+ private:
+  Tensor<fp32> weight_, bias_;
+  float eps_ = 1e-5f;
+};
+
+}  // namespace tg::nn

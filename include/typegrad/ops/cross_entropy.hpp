@@ -1,0 +1,53 @@
+// cross_entropy: fused log_softmax + negative log-likelihood, the mean over targets ≠ ignore_index.
+//   auto loss = tg::cross_entropy(logits, targets);        // logits (B,T,V), targets (B,T) int64 -> scalar
+//   loss.backward();                                        // dlogits = (softmax − onehot) / count
+#pragma once
+
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/ops/embedding.hpp"
+
+namespace tg {
+
+namespace detail {
+template <Element T, Device D>
+struct CrossEntropySaved {
+  Tensor<T, D> logits;              // contiguous; softmax is recomputed from it in backward
+  Tensor<std::int64_t> targets;     // contiguous
+  Tensor<accum_t<T>, D> lse;        // per-row logsumexp of the logits
+  std::int64_t count = 0;           // targets that count (not ignore_index)
+};
+}  // namespace detail
+
+/// loss = mean over rows r with t_r ≠ ignore_index of (logsumexp(logits[r]) − logits[r, t_r]); NaN when
+/// every target is ignored (as in PyTorch). logits [N, V] with targets [N], or [B, T, V] with [B, T].
+template <FloatingElement T, Device D>
+Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets,
+                           std::int64_t ignore_index = -100) {
+  static_assert(std::is_same_v<D, cpu>, "cross_entropy: only the CPU backend implements it so far");
+  TG_CHECK(logits.dim() == 2 || logits.dim() == 3, "cross_entropy: logits must be [N, V] or [B, T, V], got ",
+           logits.shape());
+  Shape want = logits.shape();
+  want.erase(want.size() - 1);
+  TG_CHECK(targets.shape() == want, "cross_entropy: targets must be ", want, " for logits ", logits.shape(), ", got ",
+           targets.shape());
+  const std::int64_t V = logits.shape()[logits.dim() - 1], rows = want.numel();
+  const Tensor<std::int64_t> tc = targets.contiguous_raw();
+  detail::check_index_range(tc, V, "cross_entropy", "target", "the number of classes V =", &ignore_index);
+  const Tensor<T, D> lc = logits.contiguous_raw();
+  Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
+  std::int64_t count = 0;
+  const double total = backend::cpu::cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), rows, V, ignore_index, &count);
+  Tensor<T, D> out = Tensor<T, D>::full(Shape(), count ? total / static_cast<double>(count) : std::nan(""));
+  autodiff::record("cross_entropy", out, detail::CrossEntropySaved<T, D>{lc.detach(), tc, lse, count},
+                   [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<T, D>& dout, auto) {
+                     const double g = scalar_cast<double>(dout.contiguous_raw().data()[0]);
+                     Tensor<T, D> dl = Tensor<T, D>::empty(s.logits.shape());
+                     const double scale = s.count ? g / static_cast<double>(s.count) : 0.0;
+                     backend::cpu::cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), scale,
+                                                             dl.data(), rows, V, ignore_index);
+                     return std::tuple{dl};
+                   }, logits);
+  return out;
+}
+
+}  // namespace tg

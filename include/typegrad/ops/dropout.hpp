@@ -1,0 +1,53 @@
+// Inverted dropout with counter-based randomness: reproducible from (seed, offset), mask never stored.
+//   tg::Generator gen(1234);
+//   auto h = tg::dropout(x, 0.1, gen, /*training=*/true);   // kept elements scaled by 1/(1-p)
+#pragma once
+
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/core/random.hpp"
+
+namespace tg {
+
+// Note [dropout replays its mask]
+// Element i (row-major over the output's shape, whatever the input's strides) is kept iff
+// uniform_from_bits(philox_words(seed, offset + i)[0]) >= p (math::dropout_keep, p rounded to fp32),
+// where seed = gen.seed() and offset = gen.advance(numel) at the call. Kept elements are scaled by
+// 1/(1-p) (Srivastava et al. 2014, "inverted" form), so evaluation needs no rescaling. The Saved struct
+// holds (seed, offset, p) instead of a mask: backward recomputes the mask with the same kernel, a
+// checkpoint recompute replays the identical mask, and the memory held between forward and backward
+// is three scalars. p == 0 or training == false returns x itself, records nothing and consumes no
+// counters.
+
+/// What dropout keeps for backward: the Philox stream position of its mask and p.
+struct DropoutSaved {
+  std::uint64_t seed = 0, offset = 0;
+  double p = 0;
+};
+
+template <FloatingElement T, Device D>
+Tensor<T, D> dropout(const Tensor<T, D>& x, double p, Generator& gen, bool training = true) {
+  static_assert(std::is_same_v<D, cpu>, "tg::dropout: only the CPU backend has a dropout kernel so far; "
+                                        "move the tensor with .to<tg::cpu>()");
+  TG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
+  if (!training || p == 0.0) return x;
+  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
+  Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
+  backend::cpu::dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p);
+  autodiff::record("dropout", out, DropoutSaved{seed, offset, p},
+                   [](DropoutSaved& s, const Tensor<T, D>& dout, auto) {
+                     // d/dx (keep · x / (1-p)) = keep / (1-p): the same kernel applied to dout
+                     Tensor<T, D> din = Tensor<T, D>::empty(dout.shape());
+                     backend::cpu::dropout_forward<T>(dout.data(), dout.strides(), din.data(), dout.shape(), s.seed,
+                                                      s.offset, s.p);
+                     return std::tuple{din};
+                   }, x);
+  return out;
+}
+
+/// Dropout drawing from the process-wide default generator.
+template <FloatingElement T, Device D>
+Tensor<T, D> dropout(const Tensor<T, D>& x, double p, bool training = true) {
+  return dropout(x, p, default_generator(), training);
+}
+
+}  // namespace tg

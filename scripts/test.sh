@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds everything with the `release` preset (the CUDA backend too when nvcc is found: CI must compile
+# it) and runs the whole CTest suite. A failing build step does not stop the other targets or the tests
+# (so CTest's summary is always printed), but the script exits non-zero when anything failed.
+#   bash scripts/test.sh                  # TG_TEST_JOBS=2, TG_TEST_TIMEOUT=1500 (seconds per test)
+#   bash scripts/test.sh -L compile_fail  # extra arguments go to ctest
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+JOBS="${TG_TEST_JOBS:-2}"
+TIMEOUT="${TG_TEST_TIMEOUT:-1500}"
+
+bash scripts/install-deps.sh
+
+echo "== configure (preset release)"
+cmake --preset release
+echo "== build"
+build_rc=0
+SECONDS=0
+cmake --build --preset release -j"${JOBS}" -- -k 0 || build_rc=$?
+echo "== build took ${SECONDS}s (rc ${build_rc})"
+echo "== test"
+test_rc=0
+ctest --preset release --output-on-failure --timeout "${TIMEOUT}" -j"${JOBS}" "$@" || test_rc=$?
+
+if [ "${build_rc}" -ne 0 ]; then
+  echo "scripts/test.sh: the build failed (rc ${build_rc}); see the FAILED lines above" >&2
+  exit "${build_rc}"
+fi
+exit "${test_rc}"

@@ -1,0 +1,139 @@
+// nn modules and the GPT model: GPT-2 parameter names and counts, init schemes, forward shapes and
+// errors, and a tiny model that learns (overfits a short repeating text with AdamW).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace {
+
+double stddev_of(const tg::Tensor<float>& t) {
+  const auto v = t.to_vector();
+  double m = 0, s = 0;
+  for (float x : v) m += x;
+  m /= static_cast<double>(v.size());
+  for (float x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(v.size()));
+}
+
+const tg::Tensor<float>& find(const std::vector<tg::nn::NamedParameter>& ps, const std::string& name) {
+  for (const auto& p : ps)
+    if (p.name == name) return p.tensor;
+  throw tg::Error("no parameter named ", name);
+}
+
+TEST(GPTConfig, PresetsAndErrors) {
+  const auto g = tg::nn::GPTConfig::preset("gpt2");
+  EXPECT_EQ(g.n_layer, 12);
+  EXPECT_EQ(g.n_head, 12);
+  EXPECT_EQ(g.n_embd, 768);
+  EXPECT_EQ(g.block_size, 1024);
+  EXPECT_EQ(g.vocab_size, 50304);
+  EXPECT_THROW(tg::nn::GPTConfig::preset("huge"), tg::Error);
+  tg::nn::GPTConfig bad = tg::nn::GPTConfig::preset("tiny");
+  bad.n_head = 3;
+  try {
+    bad.validate();
+    FAIL() << "validate accepted n_embd 128 with 3 heads";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible by n_head 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GPT, Gpt2PresetHasGpt2NamesAndCount) {
+  tg::Generator gen(0);
+  const tg::nn::GPT model(tg::nn::GPTConfig::preset("gpt2"), gen);
+  const auto ps = model.named_parameters();
+  // 6 + 12·12 + 2 tensors; 124,475,904 values with the LM head tied to wte (GPT-2 small padded to 50304).
+  EXPECT_EQ(ps.size(), 2u + 12u * 12u + 2u);
+  EXPECT_EQ(tg::nn::count_parameters(ps), 124475904);
+  EXPECT_EQ(ps.front().name, "wte.weight");
+  EXPECT_EQ(ps.back().name, "ln_f.bias");
+  EXPECT_EQ(find(ps, "h.3.attn.c_attn.weight").shape(), (tg::Shape{2304, 768}));
+  EXPECT_EQ(find(ps, "h.11.mlp.c_proj.weight").shape(), (tg::Shape{768, 3072}));
+  std::set<std::string> names;
+  for (const auto& p : ps) names.insert(p.name);
+  EXPECT_EQ(names.size(), ps.size()) << "parameter names must be unique";
+}
+
+TEST(GPT, InitFollowsGpt2) {
+  tg::Generator gen(3);
+  const auto cfg = tg::nn::GPTConfig::preset("tiny");
+  const tg::nn::GPT model(cfg, gen);
+  const auto ps = model.named_parameters();
+  EXPECT_NEAR(stddev_of(find(ps, "h.0.attn.c_attn.weight")), 0.02, 0.001);
+  EXPECT_NEAR(stddev_of(find(ps, "wte.weight")), 0.02, 0.001);
+  const double scaled = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+  EXPECT_NEAR(stddev_of(find(ps, "h.1.mlp.c_proj.weight")), scaled, 0.1 * scaled);
+  for (float v : find(ps, "h.2.mlp.c_fc.bias").to_vector()) EXPECT_EQ(v, 0.f);
+  for (float v : find(ps, "h.0.ln_1.weight").to_vector()) EXPECT_EQ(v, 1.f);
+  const auto n = tg::nn::count_parameters(ps);
+  EXPECT_GT(n, 700000);
+  EXPECT_LT(n, 1300000) << "tiny should be about 1M parameters";
+  for (const auto& p : ps) EXPECT_TRUE(p.tensor.requires_grad()) << p.name;
+}
+
+TEST(GPT, SmallPresetIsAboutTenMillion) {
+  tg::Generator gen(3);
+  const tg::nn::GPT model(tg::nn::GPTConfig::preset("small"), gen);
+  const auto n = tg::nn::count_parameters(model.named_parameters());
+  EXPECT_GT(n, 8000000);
+  EXPECT_LT(n, 13000000);
+}
+
+TEST(GPT, ForwardShapeAndErrors) {
+  tg::Generator gen(1);
+  const tg::nn::GPT model(tg::nn::GPTConfig::preset("tiny"), gen);
+  auto idx = tg::Tensor<std::int64_t>::zeros({2, 7});
+  const auto logits = model.forward<tg::fp32>(idx);
+  EXPECT_EQ(logits.shape(), (tg::Shape{2, 7, 256}));
+  EXPECT_THROW(model.forward<tg::fp32>(tg::Tensor<std::int64_t>::zeros({1, 129})), tg::Error);
+  EXPECT_THROW(model.forward<tg::fp32>(tg::Tensor<std::int64_t>::zeros({7})), tg::Error);
+}
+
+TEST(GPT, NoDecayGroupsHoldBiasesNormsAndEmbeddings) {
+  tg::Generator gen(1);
+  const tg::nn::GPT model(tg::nn::GPTConfig::preset("tiny"), gen);
+  const auto groups = tg::optim::default_groups(model.named_parameters(), 0.1f);
+  for (const auto& p : groups[0].params) {
+    EXPECT_EQ(p.tensor.dim(), 2) << p.name;
+    EXPECT_TRUE(p.name.find(".weight") != std::string::npos && p.name.find("ln") == std::string::npos) << p.name;
+  }
+  bool saw_wte = false;
+  for (const auto& p : groups[1].params) saw_wte |= p.name == "wte.weight";
+  EXPECT_TRUE(saw_wte);
+}
+
+TEST(GPT, TinyModelLearnsARepeatingText) {
+  tg::Generator gen(5);
+  auto cfg = tg::nn::GPTConfig::preset("tiny");
+  cfg.n_layer = 2;
+  const tg::nn::GPT model(cfg, gen);
+  tg::optim::AdamW opt(model.named_parameters(), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.f});
+  const std::string text = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. ";
+  const std::int64_t T = 32;
+  auto idx = tg::Tensor<std::int64_t>::empty({2, T}), tgt = tg::Tensor<std::int64_t>::empty({2, T});
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t t = 0; t < T; ++t) {
+      idx.data()[b * T + t] = static_cast<unsigned char>(text[static_cast<std::size_t>(b * 5 + t)]);
+      tgt.data()[b * T + t] = static_cast<unsigned char>(text[static_cast<std::size_t>(b * 5 + t + 1)]);
+    }
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    const auto loss = tg::cross_entropy(model.forward<tg::fp32>(idx), tgt);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  EXPECT_NEAR(first, std::log(256.f), 0.3f) << "an untrained model is close to uniform";
+  EXPECT_LT(last, 0.5f) << "60 AdamW steps should memorize 64 tokens (first loss " << first << ")";
+}
+
+}  // namespace

@@ -1,0 +1,373 @@
+// Op database entries for the nn ops: matmul, linear, softmax, log_softmax, layernorm, rmsnorm, embedding,
+// cross_entropy, causal_attention (fused) and attention_composite; plus a test that the fused attention
+// matches its composite. References are plain fp64 loops over the contiguous inputs.
+//
+// Tolerances: inputs are rounded to the precision under test before the reference sees them, so the
+// remaining error is accumulation (fp32 everywhere) and the rounding of outputs and intermediates. A 16-bit
+// GEMM or softmax output is rounded once: bf16 keeps 8 significant bits (relative step 2^-8 ≈ 3.9e-3),
+// fp16 11 (4.9e-4). Ops that chain several rounded intermediates (attention_composite rounds the scores,
+// the probabilities and the output) get the looser tolerances noted at their entries.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/op_db.hpp"
+
+namespace tg::testing {
+namespace {
+using L = InputSpec::Layout;
+using X = std::vector<Tensor<double>>;
+using I = std::vector<Tensor<std::int64_t>>;
+
+// ---- matmul ------------------------------------------------------------------------------------------
+/// torch.matmul over contiguous fp64 inputs, written as loops.
+Tensor<double> ref_matmul(const Tensor<double>& a, const Tensor<double>& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  if (a.dim() == 1) sa = {1, sa[0]};
+  if (b.dim() == 1) sb = {sb[0], 1};
+  const std::int64_t M = sa[sa.size() - 2], K = sa[sa.size() - 1], N = sb[sb.size() - 1];
+  Shape ba, bb;
+  for (int i = 0; i + 2 < sa.size(); ++i) ba.push_back(sa[i]);
+  for (int i = 0; i + 2 < sb.size(); ++i) bb.push_back(sb[i]);
+  const Shape batch = broadcast_shapes(ba, bb, "ref");
+  Shape full = batch;
+  full.push_back(M);
+  full.push_back(N);
+  const Tensor<double> a3 = a.as_strided_raw([&] { Shape s = ba; s.push_back(M); s.push_back(K); return s; }(),
+                                             contiguous_strides([&] { Shape s = ba; s.push_back(M); s.push_back(K); return s; }()), 0);
+  const Tensor<double> b3 = b.as_strided_raw([&] { Shape s = bb; s.push_back(K); s.push_back(N); return s; }(),
+                                             contiguous_strides([&] { Shape s = bb; s.push_back(K); s.push_back(N); return s; }()), 0);
+  Tensor<double> out = tabulate(full, [&](const auto& i) {
+    double acc = 0;
+    auto ia = i, ib = i;
+    for (std::int64_t k = 0; k < K; ++k) {
+      ia[ia.size() - 1] = k;
+      ib[ib.size() - 2] = k;
+      acc += at_broadcast(a3, ia) * at_broadcast(b3, ib);
+    }
+    return acc;
+  });
+  Shape os = batch;
+  if (a.dim() > 1) os.push_back(M);
+  if (b.dim() > 1) os.push_back(N);
+  return out.as_strided_raw(os, contiguous_strides(os), 0);
+}
+
+OpEntry matmul_entry() {
+  OpEntry e = make_entry("matmul", [](const auto& x, const I&, const Sample&) { return tg::matmul(x[0], x[1]); });
+  e.sample("odd_2d", {{{5, 7}}, {{7, 3}}})
+      .sample("broadcast_batch", {{{2, 1, 5, 7}}, {{3, 7, 4}}})
+      .sample("shared_b", {{{3, 5, 7}}, {{7, 3}}})    // batch folds into M; dB reduces over the batch
+      .sample("shared_a", {{{5, 7}}, {{2, 7, 3}}})    // dA reduces over the batch
+      .sample("transposed", {{{4, 5, 7}, L::transposed}, {{7, 3}, L::transposed}})  // Trans::T, no copies
+      .sample("strided", {{{5, 7}, L::strided}, {{2, 7, 3}, L::strided}})           // no unit stride: copied
+      .sample("vector_matrix", {{{7}}, {{2, 7, 3}}})
+      .sample("matrix_vector", {{{2, 5, 7}}, {{7}}})
+      .sample("dot", {{{7}}, {{7}}})
+      .sample("size_one_dims", {{{1, 1, 7}}, {{1, 7, 1}}})
+      .sample("inner_one", {{{3, 4, 1}}, {{1, 1, 5}}});
+  e.reference([](const X& x, const I&, const Sample&) { return ref_matmul(x[0], x[1]); });
+  e.error("inner", [] { tg::matmul(Tensor<float>::zeros({4, 64, 768}), Tensor<float>::zeros({512, 768})); },
+          "matmul: inner dimensions differ: a is [4,64,768], b is [512,768]");
+  e.error("batch", [] { tg::matmul(Tensor<float>::zeros({2, 3, 4}), Tensor<float>::zeros({3, 4, 5})); },
+          "matmul: batch dimensions cannot be broadcast: a is [2,3,4], b is [3,4,5]");
+  e.error("scalar", [] { tg::matmul(Tensor<float>::zeros({}), Tensor<float>::zeros({3})); },
+          "matmul: both operands need at least one dim: a is [], b is [3]");
+  return e;
+}
+
+// ---- linear: args = {has_bias} -------------------------------------------------------------------------
+OpEntry linear_entry() {
+  OpEntry e = make_entry("linear", [](const auto& x, const I&, const Sample& s) {
+    return s.args[0] != 0 ? tg::linear(x[0], x[1], x[2]) : tg::linear(x[0], x[1]);
+  });
+  e.sample("bias", {{{5, 7}}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("batched_bias", {{{2, 3, 7}}, {{4, 7}}, {{4}}}, {}, {1})
+      .sample("no_bias", {{{2, 3, 7}}, {{4, 7}}}, {}, {0})
+      .sample("x_transposed", {{{5, 7}, L::transposed}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("w_transposed", {{{5, 7}}, {{3, 7}, L::transposed}, {{3}}}, {}, {1})  // Wᵀ runs as Trans::N
+      .sample("x_strided", {{{2, 3, 7}, L::strided}, {{4, 7}, L::strided}}, {}, {0})
+      .sample("vector", {{{7}}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("one_row", {{{1, 1, 7}}, {{1, 7}}, {{1}}}, {}, {1});
+  e.reference([](const X& x, const I&, const Sample& s) {
+    const std::int64_t K = x[0].shape()[x[0].dim() - 1], N = x[1].shape()[0], rows = x[0].numel() / K;
+    Shape os = x[0].shape();
+    os[os.size() - 1] = N;
+    Tensor<double> out = Tensor<double>::empty(os);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t n = 0; n < N; ++n) {
+        double acc = s.args[0] != 0 ? x[2].data()[n] : 0.0;
+        for (std::int64_t k = 0; k < K; ++k) acc += x[0].data()[r * K + k] * x[1].data()[n * K + k];
+        out.data()[r * N + n] = acc;
+      }
+    return out;
+  });
+  e.error("inner", [] { tg::linear(Tensor<float>::zeros({4, 64, 768}), Tensor<float>::zeros({512, 700})); },
+          "linear: inner dimensions differ: x is [4,64,768], weight is [512,700]");
+  e.error("weight_rank", [] { tg::linear(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8})); },
+          "linear: weight must be [out_features, in_features], got [8]");
+  e.error("bias", [] { tg::linear(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({3, 8}), Tensor<float>::zeros({4})); },
+          "linear: bias must be [3], got [4]");
+  return e;
+}
+
+// ---- softmax / log_softmax ------------------------------------------------------------------------------
+Tensor<double> ref_softmax(const Tensor<double>& x, bool log) {
+  const std::int64_t n = x.dim() ? x.shape()[x.dim() - 1] : 1, rows = x.numel() / n;
+  Tensor<double> out = Tensor<double>::empty(x.shape());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* p = x.data() + r * n;
+    double m = -INFINITY, s = 0;
+    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, p[j]);
+    for (std::int64_t j = 0; j < n; ++j) s += std::exp(p[j] - m);
+    for (std::int64_t j = 0; j < n; ++j) out.data()[r * n + j] = log ? p[j] - m - std::log(s) : std::exp(p[j] - m) / s;
+  }
+  return out;
+}
+
+OpEntry softmax_entry(bool log) {
+  OpEntry e = log ? make_entry("log_softmax", [](const auto& x, const I&, const Sample&) { return tg::log_softmax(x[0]); })
+                  : make_entry("softmax", [](const auto& x, const I&, const Sample&) { return tg::softmax(x[0]); });
+  e.sample("rows", {{{4, 7}}})
+      .sample("rank3_strided", {{{2, 3, 5}, L::strided}})
+      .sample("transposed", {{{5, 6}, L::transposed}})
+      .sample("size_one", {{{3, 1}}})
+      .sample("large_logits", {{{3, 9}, -30.0, 30.0}});  // exp would overflow without the max shift
+  e.reference([log](const X& x, const I&, const Sample&) { return ref_softmax(x[0], log); });
+  // large_logits in 16-bit: the inputs are ~30 in magnitude; log_softmax's output (x − lse) is rounded at
+  // that magnitude (fp16 ulp 2^-6 near 30; bf16 2^-3), so its atol follows the output's scale.
+  if (log) {
+    e.tol.fwd[2] = {6e-2, 2e-2};
+    e.tol.fwd[3] = {1e-2, 4e-3};
+  }
+  const std::string name = log ? "log_softmax" : "softmax";
+  e.error("dim", [log] { log ? (void)tg::log_softmax(Tensor<float>::zeros({2, 3}), 0) : (void)tg::softmax(Tensor<float>::zeros({2, 3}), 0); },
+          name + ": only the last dim is supported, got dim 0 for a tensor of shape [2,3]");
+  e.error("dim_range", [log] { log ? (void)tg::log_softmax(Tensor<float>::zeros({2, 3}), 2) : (void)tg::softmax(Tensor<float>::zeros({2, 3}), 2); },
+          name + ": dim 2 is out of range for a tensor of rank 2");
+  return e;
+}
+
+// ---- layernorm / rmsnorm: args = {eps} -----------------------------------------------------------------
+Tensor<double> ref_norm(const X& x, bool rms, double eps) {
+  const std::int64_t n = x[0].shape()[x[0].dim() - 1], rows = x[0].numel() / n;
+  Tensor<double> out = Tensor<double>::empty(x[0].shape());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* p = x[0].data() + r * n;
+    double mu = 0, v = 0;
+    if (!rms) {
+      for (std::int64_t j = 0; j < n; ++j) mu += p[j];
+      mu /= static_cast<double>(n);
+    }
+    for (std::int64_t j = 0; j < n; ++j) v += (p[j] - mu) * (p[j] - mu);
+    const double rs = 1.0 / std::sqrt(v / static_cast<double>(n) + eps);
+    for (std::int64_t j = 0; j < n; ++j)
+      out.data()[r * n + j] = (p[j] - mu) * rs * x[1].data()[j] + (rms ? 0.0 : x[2].data()[j]);
+  }
+  return out;
+}
+
+OpEntry layernorm_entry() {
+  OpEntry e = make_entry("layernorm", [](const auto& x, const I&, const Sample& s) {
+    return tg::layernorm(x[0], x[1], x[2], s.args[0]);
+  });
+  e.sample("rows", {{{4, 7}}, {{7}, 0.5, 1.5}, {{7}}}, {}, {1e-5})
+      .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{5}, 0.5, 1.5, L::strided}, {{5}}}, {}, {1e-5})
+      .sample("transposed", {{{6, 5}, L::transposed}, {{5}, 0.5, 1.5}, {{5}}}, {}, {1e-3})
+      .sample("one_row_offset", {{{1, 9}, 3.0, 5.0}, {{9}, 0.5, 1.5}, {{9}}}, {}, {1e-5});  // mean far from 0
+  e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, false, s.args[0]); });
+  // The normalized value is O(1) but the gradient of x sums n terms of mixed sign: in 16-bit the rounded
+  // upstream and output leave ~1 ulp of the largest term in small gradient entries (atol, not rtol).
+  e.tol.grad[2] = {8e-2, 4e-2};
+  e.tol.grad[3] = {1.5e-2, 8e-3};
+  e.error("weight", [] { tg::layernorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({7}), Tensor<float>::zeros({8})); },
+          "layernorm: weight must be [8] (the last dim of x [4,8]), got [7]");
+  e.error("bias", [] { tg::layernorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8}), Tensor<float>::zeros({2, 4})); },
+          "layernorm: bias must be [8] (the last dim of x [4,8]), got [2,4]");
+  return e;
+}
+
+OpEntry rmsnorm_entry() {
+  OpEntry e = make_entry("rmsnorm", [](const auto& x, const I&, const Sample& s) { return tg::rmsnorm(x[0], x[1], s.args[0]); });
+  e.sample("rows", {{{4, 7}}, {{7}, 0.5, 1.5}}, {}, {1e-6})
+      .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{5}, 0.5, 1.5}}, {}, {1e-6})
+      .sample("size_one", {{{3, 1}, 0.5, 2.0}, {{1}, 0.5, 1.5}}, {}, {1e-3});
+  e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, true, s.args[0]); });
+  e.tol.grad[2] = {8e-2, 4e-2};  // as layernorm
+  e.tol.grad[3] = {1.5e-2, 8e-3};
+  e.error("weight", [] { tg::rmsnorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8, 1})); },
+          "rmsnorm: weight must be [8] (the last dim of x [4,8]), got [8,1]");
+  return e;
+}
+
+// ---- embedding ---------------------------------------------------------------------------------------
+OpEntry embedding_entry() {
+  OpEntry e = make_entry("embedding", [](const auto& x, const I& idx, const Sample&) { return tg::embedding(x[0], idx[0]); });
+  e.sample("batch", {{{10, 4}}}, {IndexSpec{{2, 3}, 0, 10}})
+      .sample("repeats", {{{3, 5}}}, {IndexSpec{{11}, 0, 3}})  // every row hit several times: scatter-add
+      .sample("transposed_weight", {{{6, 5}, L::transposed}}, {IndexSpec{{4}, 0, 6}})
+      .sample("unused_rows", {{{50, 3}}}, {IndexSpec{{1, 2}, 0, 50}});  // most rows get zero gradient
+  e.reference([](const X& x, const I& idx, const Sample&) {
+    const std::int64_t C = x[0].shape()[1];
+    Shape os = idx[0].shape();
+    os.push_back(C);
+    Tensor<double> out = Tensor<double>::empty(os);
+    for (std::int64_t i = 0; i < idx[0].numel(); ++i)
+      for (std::int64_t c = 0; c < C; ++c) out.data()[i * C + c] = x[0].data()[idx[0].data()[i] * C + c];
+    return out;
+  });
+  e.error("too_large", [] { tg::embedding(Tensor<float>::zeros({10, 4}), Tensor<std::int64_t>::from_values({3}, {1, 10, 2})); },
+          "embedding: index 10 at position 1 is out of range for a weight of V = 10");
+  e.error("negative", [] { tg::embedding(Tensor<float>::zeros({10, 4}), Tensor<std::int64_t>::from_values({2}, {-1, 2})); },
+          "embedding: index -1 at position 0 is out of range for a weight of V = 10");
+  e.error("weight_rank", [] { tg::embedding(Tensor<float>::zeros({10}), Tensor<std::int64_t>::zeros({2})); },
+          "embedding: weight must be [num_embeddings, dim], got [10]");
+  return e;
+}
+
+// ---- cross_entropy: args = {ignore_index} ---------------------------------------------------------------
+OpEntry cross_entropy_entry() {
+  OpEntry e = make_entry("cross_entropy", [](const auto& x, const I& idx, const Sample& s) {
+    return tg::cross_entropy(x[0], idx[0], static_cast<std::int64_t>(s.args[0]));
+  });
+  e.sample("rows", {{{5, 7}}}, {IndexSpec{{5}, 0, 7}}, {-100})
+      .sample("batch_time", {{{2, 3, 7}}}, {IndexSpec{{2, 3}, 0, 7}}, {-100})
+      .sample("ignored", {{{9, 4}}}, {IndexSpec{{9}, -1, 4}}, {-1})  // about a fifth of the rows ignored
+      .sample("transposed", {{{6, 5}, L::transposed}}, {IndexSpec{{6}, 0, 5}}, {-100})
+      .sample("large_logits", {{{4, 6}, -30.0, 30.0}}, {IndexSpec{{4}, 0, 6}}, {-100})
+      .sample("one_class", {{{3, 1}}}, {IndexSpec{{3}, 0, 1}}, {-100});
+  e.reference([](const X& x, const I& idx, const Sample& s) {
+    const std::int64_t V = x[0].shape()[x[0].dim() - 1], rows = x[0].numel() / V, ignore = static_cast<std::int64_t>(s.args[0]);
+    double total = 0;
+    std::int64_t count = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t t = idx[0].data()[r];
+      if (t == ignore) continue;
+      const double* p = x[0].data() + r * V;
+      double m = -INFINITY, se = 0;
+      for (std::int64_t j = 0; j < V; ++j) m = std::max(m, p[j]);
+      for (std::int64_t j = 0; j < V; ++j) se += std::exp(p[j] - m);
+      total += m + std::log(se) - p[t];
+      ++count;
+    }
+    return Tensor<double>::full(Shape(), total / static_cast<double>(count));
+  });
+  // large_logits: the loss is O(10) and is rounded once to the output precision (bf16 ulp 2^-4 there).
+  e.tol.fwd[2] = {6e-2, 2e-2};
+  e.error("shape", [] { tg::cross_entropy(Tensor<float>::zeros({2, 3, 7}), Tensor<std::int64_t>::zeros({2, 4})); },
+          "cross_entropy: targets must be [2,3] for logits [2,3,7], got [2,4]");
+  e.error("rank", [] { tg::cross_entropy(Tensor<float>::zeros({7}), Tensor<std::int64_t>::zeros({1})); },
+          "cross_entropy: logits must be [N, V] or [B, T, V], got [7]");
+  e.error("target", [] { tg::cross_entropy(Tensor<float>::zeros({3, 7}), Tensor<std::int64_t>::from_values({3}, {0, 6, 7})); },
+          "cross_entropy: target 7 at position 2 is out of range for the number of classes V = 7");
+  e.error("negative_target", [] { tg::cross_entropy(Tensor<float>::zeros({2, 7}), Tensor<std::int64_t>::from_values({2}, {-5, 1})); },
+          "cross_entropy: target -5 at position 0 is out of range");
+  return e;
+}
+
+// ---- attention ----------------------------------------------------------------------------------------
+Tensor<double> ref_attention(const X& x) {
+  const Shape s = x[0].shape();
+  const std::int64_t BH = s[0] * s[1], Tn = s[2], hs = s[3];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Tensor<double> out = Tensor<double>::zeros(s);
+  std::vector<double> p(static_cast<std::size_t>(Tn));
+  for (std::int64_t h = 0; h < BH; ++h) {
+    const double *q = x[0].data() + h * Tn * hs, *k = x[1].data() + h * Tn * hs, *v = x[2].data() + h * Tn * hs;
+    double* o = out.data() + h * Tn * hs;
+    for (std::int64_t i = 0; i < Tn; ++i) {
+      double m = -INFINITY, l = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double d = 0;
+        for (std::int64_t c = 0; c < hs; ++c) d += q[i * hs + c] * k[j * hs + c];
+        p[static_cast<std::size_t>(j)] = d * scale;
+        m = std::max(m, d * scale);
+      }
+      for (std::int64_t j = 0; j <= i; ++j) l += (p[static_cast<std::size_t>(j)] = std::exp(p[static_cast<std::size_t>(j)] - m));
+      for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t c = 0; c < hs; ++c) o[i * hs + c] += p[static_cast<std::size_t>(j)] / l * v[j * hs + c];
+    }
+  }
+  return out;
+}
+
+template <class F>
+OpEntry attention_entry(const char* name, F op) {
+  OpEntry e = make_entry(name, op);
+  e.sample("small", {{{1, 2, 5, 3}}, {{1, 2, 5, 3}}, {{1, 2, 5, 3}}})
+      .sample("one_token", {{{2, 1, 1, 4}}, {{2, 1, 1, 4}}, {{2, 1, 1, 4}}})
+      .sample("transposed_q", {{{2, 1, 7, 4}, L::transposed}, {{2, 1, 7, 4}}, {{2, 1, 7, 4}, L::strided}})
+      .sample("two_blocks", {{{1, 1, 70, 8}}, {{1, 1, 70, 8}}, {{1, 1, 70, 8}}});  // T > the 64-row kernel block
+  e.reference([](const X& x, const I&, const Sample&) { return ref_attention(x); });
+  return e;
+}
+
+OpEntry causal_attention_entry() {
+  OpEntry e = attention_entry("causal_attention", [](const auto& x, const I&, const Sample&) {
+    return tg::causal_attention(x[0], x[1], x[2]);
+  });
+  // Fused: fp32 math throughout, one rounding of the output (and of each gradient).
+  e.error("rank", [] { tg::causal_attention(Tensor<float>::zeros({2, 5, 4}), Tensor<float>::zeros({2, 5, 4}), Tensor<float>::zeros({2, 5, 4})); },
+          "causal_attention: q must be (B,H,T,hs), got [2,5,4]");
+  e.error("k_shape", [] { tg::causal_attention(Tensor<float>::zeros({1, 2, 5, 4}), Tensor<float>::zeros({1, 2, 6, 4}), Tensor<float>::zeros({1, 2, 5, 4})); },
+          "causal_attention: k must have q's shape [1,2,5,4], got [1,2,6,4]");
+  e.error("v_shape", [] { tg::causal_attention(Tensor<float>::zeros({1, 2, 5, 4}), Tensor<float>::zeros({1, 2, 5, 4}), Tensor<float>::zeros({1, 2, 5, 3})); },
+          "causal_attention: v must have q's shape [1,2,5,4], got [1,2,5,3]");
+  return e;
+}
+
+OpEntry attention_composite_entry() {
+  OpEntry e = attention_entry("attention_composite", [](const auto& x, const I&, const Sample&) {
+    return tg::attention_composite(x[0], x[1], x[2]);
+  });
+  // The composite rounds its (B,H,T,T) scores and probabilities to the storage precision before the next
+  // GEMM: three roundings in a chain, so 16-bit tolerances are about twice the single-rounding ones.
+  e.tol.fwd[2] = {4e-2, 4e-2};
+  e.tol.fwd[3] = {8e-3, 8e-3};
+  e.tol.grad[2] = {8e-2, 8e-2};
+  e.tol.grad[3] = {1.6e-2, 1.6e-2};
+  e.error("rank", [] { tg::attention_composite(Tensor<float>::zeros({5, 4}), Tensor<float>::zeros({5, 4}), Tensor<float>::zeros({5, 4})); },
+          "attention_composite: q must be (B,H,T,hs), got [5,4]");
+  return e;
+}
+
+TG_REGISTER_OP(matmul_entry());
+TG_REGISTER_OP(linear_entry());
+TG_REGISTER_OP(softmax_entry(false));
+TG_REGISTER_OP(softmax_entry(true));
+TG_REGISTER_OP(layernorm_entry());
+TG_REGISTER_OP(rmsnorm_entry());
+TG_REGISTER_OP(embedding_entry());
+TG_REGISTER_OP(cross_entropy_entry());
+TG_REGISTER_OP(causal_attention_entry());
+TG_REGISTER_OP(attention_composite_entry());
+
+// The fused kernel must match its composite, forward and all three gradients, in fp32 (several heads,
+// T spanning three kernel blocks, non-power-of-two sizes).
+TEST(OpDb_causal_attention_fused, MatchesCompositeFp32) {
+  Generator gen(20240611);
+  const Shape s{2, 3, 150, 16};
+  const Tensor<float> q0 = Tensor<float>::normal(s, 0.f, 1.f, gen), k0 = Tensor<float>::normal(s, 0.f, 1.f, gen),
+                      v0 = Tensor<float>::normal(s, 0.f, 1.f, gen), u = Tensor<float>::normal(s, 0.f, 1.f, gen);
+  auto run = [&](bool fused) {
+    Tensor<float> q = q0.clone().detach(), k = k0.clone().detach(), v = v0.clone().detach();
+    q.requires_grad_();
+    k.requires_grad_();
+    v.requires_grad_();
+    Tensor<float> out = fused ? tg::causal_attention(q, k, v) : tg::attention_composite(q, k, v);
+    out.backward(u);
+    return std::vector<std::vector<float>>{out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+  };
+  const auto f = run(true), c = run(false);
+  const char* what[] = {"out", "dq", "dk", "dv"};
+  for (std::size_t t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f[t].size(), c[t].size());
+    double worst = 0;
+    for (std::size_t i = 0; i < f[t].size(); ++i)
+      worst = std::max(worst, std::abs(double(f[t][i]) - c[t][i]) / (1e-5 + 1e-4 * std::abs(double(c[t][i]))));
+    EXPECT_LE(worst, 1.0) << what[t] << ": fused and composite differ beyond atol 1e-5, rtol 1e-4";
+  }
+}
+
+}  // namespace
+}  // namespace tg::testing
