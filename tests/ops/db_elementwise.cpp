@@ -117,8 +117,15 @@ OpEntry relu_entry() {
   return e;
 }
 OpEntry gelu_entry() {
-  return unary_entry("gelu", [](const auto& x) { return tg::gelu(x); },
-                     [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }, -3.0, 3.0);
+  OpEntry e = unary_entry("gelu", [](const auto& x) { return tg::gelu(x); },
+                          [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }, -3.0, 3.0);
+  // The run-time form selects the same op.
+  e.sample("approx_flag", {{{4, 9}, -3.0, 3.0}}, {}, {0});
+  e.f64 = [](const auto& x, const I&, const Sample& s) { return s.args.empty() ? tg::gelu(x[0]) : tg::gelu(x[0], GeluApprox::none); };
+  e.f32 = [](const auto& x, const I&, const Sample& s) { return s.args.empty() ? tg::gelu(x[0]) : tg::gelu(x[0], GeluApprox::none); };
+  e.bf = [](const auto& x, const I&, const Sample& s) { return s.args.empty() ? tg::gelu(x[0]) : tg::gelu(x[0], GeluApprox::none); };
+  e.h = [](const auto& x, const I&, const Sample& s) { return s.args.empty() ? tg::gelu(x[0]) : tg::gelu(x[0], GeluApprox::none); };
+  return e;
 }
 OpEntry gelu_tanh_entry() {
   OpEntry e = unary_entry("gelu_tanh", [](const auto& x) { return tg::gelu_tanh(x); },

@@ -111,18 +111,20 @@ TG_SCALAR_OVERLOADS(div, /)
 // Note [mixing precisions or devices]
 // Binary ops take two tensors of one element type and one device. A call with two different types
 // picks this overload, whose static_assert names the fix, instead of a wall of deduction failures.
-template <class T, class D, class U, class E>
-  requires(!std::is_same_v<T, U> || !std::is_same_v<D, E>)
-void add(const Tensor<T, D>&, const Tensor<U, E>&) {
-  static_assert(std::is_same_v<T, U>, "tg::add: the operands have different precisions; convert one explicitly, e.g. b.to<T>()");
-  static_assert(std::is_same_v<D, E>, "tg::add: the operands live on different devices; move one explicitly with .to<tg::cpu>() or .to<tg::cuda>()");
-}
-template <class T, class D, class U, class E>
-  requires(!std::is_same_v<T, U> || !std::is_same_v<D, E>)
-void mul(const Tensor<T, D>&, const Tensor<U, E>&) {
-  static_assert(std::is_same_v<T, U>, "tg::mul: the operands have different precisions; convert one explicitly, e.g. b.to<T>()");
-  static_assert(std::is_same_v<D, E>, "tg::mul: the operands live on different devices; move one explicitly with .to<tg::cpu>() or .to<tg::cuda>()");
-}
+#define TG_MIXED_OPERANDS_GUARD(fn)                                                                         \
+  template <class T, class D, class U, class E>                                                             \
+    requires(!std::is_same_v<T, U> || !std::is_same_v<D, E>)                                                \
+  void fn(const Tensor<T, D>&, const Tensor<U, E>&) {                                                       \
+    static_assert(std::is_same_v<T, U>,                                                                     \
+                  "tg::" #fn ": the operands have different precisions; convert one explicitly, e.g. b.to<T>()"); \
+    static_assert(std::is_same_v<D, E>, "tg::" #fn ": the operands live on different devices; move one "    \
+                                        "explicitly with .to<tg::cpu>() or .to<tg::cuda>()");                \
+  }
+TG_MIXED_OPERANDS_GUARD(add)
+TG_MIXED_OPERANDS_GUARD(sub)
+TG_MIXED_OPERANDS_GUARD(mul)
+TG_MIXED_OPERANDS_GUARD(div)
+#undef TG_MIXED_OPERANDS_GUARD
 
 /// neg(x) = -x
 template <FloatingElement T, Device D>
