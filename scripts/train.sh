@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The example that trains: the target and its path under the build dir. With no arguments it trains the
-# tiny GPT on the fortunes corpus for 600 steps (about five minutes on 2 cores).
+# tiny GPT on the fortunes corpus for 2000 steps (about five minutes on 2 cores).
 EXAMPLE=examples/gpt/train_gpt
 
 JOBS="${TG_TRAIN_JOBS:-2}"

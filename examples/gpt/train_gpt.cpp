@@ -1,6 +1,6 @@
 // train_gpt: trains a GPT on a text file (by default the English fortunes of Debian's `fortunes` package)
 // with live progress, periodic validation, generated samples and a closing summary.
-//   train_gpt --model tiny --steps 600               # the README's first command
+//   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -33,7 +33,7 @@ struct Options {
   std::int64_t batch = 16;
   std::int64_t seq = 64;
   std::int64_t grad_accum = 1;
-  std::int64_t steps = 600;
+  std::int64_t steps = 2000;
   float lr = 2e-3f;
   float min_lr = -1.f;  // default: lr / 10
   std::int64_t warmup = 50;
@@ -43,7 +43,7 @@ struct Options {
   double clip = 1.0;
   std::uint64_t seed = 1337;
   int threads = 0;
-  std::int64_t eval_every = 100;
+  std::int64_t eval_every = 250;
   std::int64_t eval_batches = 8;
   std::int64_t sample_every = 0;
   std::int64_t sample_tokens = 200;
