@@ -28,12 +28,8 @@ template void add_inplace<double>(double*, const double*, std::int64_t);
 template void add_inplace<float>(float*, const float*, std::int64_t);
 template void add_inplace<fp16>(fp16*, const fp16*, std::int64_t);
 template void add_inplace<bf16>(bf16*, const bf16*, std::int64_t);
-template void fill<double>(double*, std::int64_t, double);
-template void fill<float>(float*, std::int64_t, float);
-template void fill<fp16>(fp16*, std::int64_t, fp16);
-template void fill<bf16>(bf16*, std::int64_t, bf16);
-template void fill<std::int64_t>(std::int64_t*, std::int64_t, std::int64_t);
-template void fill<std::int32_t>(std::int32_t*, std::int64_t, std::int32_t);
-template void fill<std::uint8_t>(std::uint8_t*, std::int64_t, std::uint8_t);
+#define TG_X(type, e, name, st) template void fill<type>(type*, std::int64_t, type);
+TG_FOR_EACH_DTYPE(TG_X)
+#undef TG_X
 }  // namespace tg::backend::cuda
 #endif
