@@ -451,6 +451,32 @@ OPS["attention_composite"] = OPS["causal_attention"]
 GPT_CFG = dict(V=37, C=24, H=3, T=9, B=2, L=2, eps=1e-5, ignore_index=-1)
 
 
+def reference_gpt_logits(P, idx, L, H, eps=1e-5):
+    """The reference GPT-2 forward: P maps GPT-2 names to tensors (nn.Linear layout), idx (B,T) int64;
+    returns the logits (B,T,V) of the tied LM head. Also used by tests/io/safetensors_interop.py."""
+    B, T = idx.shape
+    C = P["wte.weight"].shape[1]
+    x = P["wte.weight"][idx] + P["wpe.weight"][torch.arange(T)]  # (B,T,C)
+    hs = C // H
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for i in range(L):
+        p = "h.%d." % i
+        h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], eps)
+        qkv = F.linear(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])  # (B,T,3C)
+        q, k, v = qkv.split(C, dim=2)
+        q, k, v = (t.view(B, T, H, hs).transpose(1, 2) for t in (q, k, v))  # (B,H,T,hs)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = att.masked_fill(~causal, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + F.linear(y, P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
+        h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
+        h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
+        x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
+    return x @ P["wte.weight"].t()  # tied LM head, (B,T,V)
+
+
 def gpt_goldens(seed):
     cfg = GPT_CFG
     V, C, H, T, B, L = (cfg[k] for k in "V C H T B L".split())
@@ -484,27 +510,7 @@ def gpt_goldens(seed):
     targets[0, 3] = cfg["ignore_index"]
     targets[1, T - 1] = cfg["ignore_index"]
 
-    P = params
-    ti = torch.tensor(idx)
-    x = P["wte.weight"][ti] + P["wpe.weight"][torch.arange(T)]  # (B,T,C)
-    hs = C // H
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    for i in range(L):
-        p = "h.%d." % i
-        h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], cfg["eps"])
-        qkv = F.linear(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])  # (B,T,3C)
-        q, k, v = qkv.split(C, dim=2)
-        q, k, v = (t.view(B, T, H, hs).transpose(1, 2) for t in (q, k, v))  # (B,H,T,hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(~causal, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        x = x + F.linear(y, P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
-        h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], cfg["eps"])
-        h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
-    x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], cfg["eps"])
-    logits = x @ P["wte.weight"].t()  # tied LM head, (B,T,V)
+    logits = reference_gpt_logits(params, torch.tensor(idx), L, H, cfg["eps"])
     loss = F.cross_entropy(logits.view(-1, V), torch.tensor(targets).view(-1), ignore_index=cfg["ignore_index"])
     loss.backward()
 

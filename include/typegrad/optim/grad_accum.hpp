@@ -72,6 +72,13 @@ class GradAccumulator {
   std::int64_t micro_index() const { return micro_; }
   /// Optimizer steps taken through this accumulator.
   std::int64_t steps() const { return steps_; }
+  /// Restores the position saved in a checkpoint (taken between optimizer steps: no micro-batch pending).
+  void restore(std::int64_t steps, std::int64_t micro_index = 0) {
+    TG_CHECK(steps >= 0 && micro_index == 0, "GradAccum::restore: steps must be >= 0 and micro_index 0 (checkpoints ",
+             "are taken between optimizer steps), got steps ", steps, ", micro_index ", micro_index);
+    steps_ = steps;
+    micro_ = 0;
+  }
   /// The global gradient norm measured by the last clipping micro_step (0 before any).
   double last_grad_norm() const { return last_norm_; }
 

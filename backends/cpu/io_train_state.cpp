@@ -1,0 +1,363 @@
+// Training-state checkpoints and weight files (see typegrad/io/train_state.hpp, Note [training-state checkpoints]).
+#include "typegrad/io/train_state.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace tg::io {
+
+using json = nlohmann::json;
+
+namespace {
+constexpr const char* kFormat = "typegrad.train_state";
+constexpr const char* kFormatVersion = "1";
+constexpr const char* kOptimPrefix = "optim.";
+
+std::string hex8(std::uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error("checkpoint: ", path, ": ", what); }
+
+// ---- the record as JSON -----------------------------------------------------------------------------
+json record_to_json(const TrainStateRecord& r) {
+  json j;
+  j["step"] = r.step;
+  j["schedule_step"] = r.schedule_step;
+  j["sampler"] = {{"seed", r.sampler.seed}, {"counter", r.sampler.counter}};
+  json gens = json::object();
+  for (const auto& [name, g] : r.generators) gens[name] = {{"seed", g.seed}, {"offset", g.offset}};
+  j["generators"] = gens;
+  j["grad_accum"] = r.grad_accum ? json{{"n", r.grad_accum->n}, {"micro_index", r.grad_accum->micro_index},
+                                        {"steps", r.grad_accum->steps}}
+                                 : json(nullptr);
+  j["scaler"] = r.scaler ? json{{"scale", r.scaler->scale}, {"growth_tracker", r.scaler->growth_tracker},
+                                {"skipped_steps", r.scaler->skipped_steps}}
+                         : json(nullptr);
+  json scalars = json::object();
+  for (const auto& [k, v] : r.scalars) scalars[k] = v;
+  j["scalars"] = scalars;
+  json config;
+  try {
+    config = json::parse(r.config_json.empty() ? std::string("{}") : r.config_json);
+  } catch (const json::exception& e) {
+    throw Error("save_train_state: config_json is not valid JSON: ", e.what());
+  }
+  TG_CHECK(config.is_object(), "save_train_state: config_json must be a JSON object, got ", config.type_name());
+  j["config"] = config;
+  j["optimizer"] = r.optimizer;
+  return j;
+}
+
+/// Strict field access: each names the field and the expected type when it fails.
+struct Fields {
+  const std::string& path;
+  const json& at(const json& obj, const std::string& ctx, const char* key) const {
+    if (!obj.is_object()) fail(path, "state field '" + ctx + "' must be an object");
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(path, "state field '" + ctx + (ctx.empty() ? "" : ".") + key + "' is missing");
+    return *it;
+  }
+  std::int64_t i64(const json& obj, const std::string& ctx, const char* key, bool non_negative = true) const {
+    const json& v = at(obj, ctx, key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)))
+      fail(path, "state field '" + ctx + (ctx.empty() ? "" : ".") + key + "' must be an integer, got " + v.dump());
+    const auto x = v.get<std::int64_t>();
+    if (non_negative && x < 0) fail(path, "state field '" + ctx + (ctx.empty() ? "" : ".") + key + "' is negative (" + std::to_string(x) + ")");
+    return x;
+  }
+  std::uint64_t u64(const json& obj, const std::string& ctx, const char* key) const {
+    const json& v = at(obj, ctx, key);
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    fail(path, "state field '" + ctx + (ctx.empty() ? "" : ".") + key + "' must be a non-negative integer, got " + v.dump());
+  }
+  double f64(const json& obj, const std::string& ctx, const char* key) const {
+    const json& v = at(obj, ctx, key);
+    if (!v.is_number()) fail(path, "state field '" + ctx + (ctx.empty() ? "" : ".") + key + "' must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+};
+
+TrainStateRecord record_from_json(const json& j, const std::string& path) {
+  const Fields f{path};
+  if (!j.is_object()) fail(path, "metadata \"tg.state\" must be a JSON object");
+  TrainStateRecord r;
+  r.step = f.i64(j, "", "step");
+  r.schedule_step = f.i64(j, "", "schedule_step");
+  const json& s = f.at(j, "", "sampler");
+  r.sampler.seed = f.u64(s, "sampler", "seed");
+  r.sampler.counter = f.u64(s, "sampler", "counter");
+  const json& gens = f.at(j, "", "generators");
+  if (!gens.is_object()) fail(path, "state field 'generators' must be an object");
+  for (auto it = gens.begin(); it != gens.end(); ++it)
+    r.generators[it.key()] = {f.u64(it.value(), "generators." + it.key(), "seed"), f.u64(it.value(), "generators." + it.key(), "offset")};
+  const json& ga = f.at(j, "", "grad_accum");
+  if (!ga.is_null()) {
+    r.grad_accum = GradAccumRecord{f.i64(ga, "grad_accum", "n"), f.i64(ga, "grad_accum", "micro_index"), f.i64(ga, "grad_accum", "steps")};
+    if (r.grad_accum->n < 1 || r.grad_accum->micro_index >= r.grad_accum->n)
+      fail(path, "state field 'grad_accum' is inconsistent: n " + std::to_string(r.grad_accum->n) + ", micro_index " +
+                     std::to_string(r.grad_accum->micro_index));
+  }
+  const json& sc = f.at(j, "", "scaler");
+  if (!sc.is_null())
+    r.scaler = ScalerStateRecord{f.f64(sc, "scaler", "scale"), f.i64(sc, "scaler", "growth_tracker"), f.i64(sc, "scaler", "skipped_steps")};
+  const json& scalars = f.at(j, "", "scalars");
+  if (!scalars.is_object()) fail(path, "state field 'scalars' must be an object");
+  for (auto it = scalars.begin(); it != scalars.end(); ++it) r.scalars[it.key()] = f.f64(scalars, "scalars", it.key().c_str());
+  const json& config = f.at(j, "", "config");
+  if (!config.is_object()) fail(path, "state field 'config' must be an object");
+  r.config_json = config.dump();
+  const json& opt = f.at(j, "", "optimizer");
+  if (!opt.is_string()) fail(path, "state field 'optimizer' must be a string");
+  r.optimizer = opt.get<std::string>();
+  return r;
+}
+
+/// Opens `path`, checks that it is a training checkpoint with intact tensors and state, returns the record.
+TrainStateRecord open_checked(const SafetensorsReader& rd) {
+  const std::string& path = rd.path();
+  const auto format = rd.metadata_value("format");
+  if (format != std::string(kFormat))
+    fail(path, "not a typegrad training checkpoint (metadata \"format\" is " + (format ? "'" + *format + "'" : std::string("absent")) +
+                   ", expected '" + kFormat + "'; a weights file loads with --init-from / load_weights)");
+  const auto version = rd.metadata_value("format_version");
+  if (version != std::string(kFormatVersion))
+    fail(path, "unsupported checkpoint format_version " + (version ? "'" + *version + "'" : std::string("(absent)")) +
+                   ", this build reads version " + kFormatVersion);
+  const auto state = rd.metadata_value("tg.state");
+  if (!state) fail(path, "metadata \"tg.state\" is missing");
+  const auto state_crc = rd.metadata_value("tg.state.crc32c");
+  if (!state_crc) fail(path, "metadata \"tg.state.crc32c\" is missing");
+  const std::string got = hex8(crc32c(state->data(), state->size()));
+  if (*state_crc != got)
+    fail(path, "checksum mismatch for metadata \"tg.state\": stored crc32c " + *state_crc + ", the text gives " + got);
+  rd.verify_checksums(/*required=*/true);
+  json j;
+  try {
+    j = json::parse(*state);
+  } catch (const json::exception& e) {
+    fail(path, std::string("metadata \"tg.state\" is not valid JSON: ") + e.what());
+  }
+  return record_from_json(j, path);
+}
+
+/// Checks that `rd` holds each parameter as F32 with its shape (`convert`: any floating dtype).
+void check_params(const SafetensorsReader& rd, const std::vector<optim::Param>& params, bool convert,
+                  const char* who) {
+  for (const optim::Param& p : params) {
+    if (!rd.contains(p.name)) throw Error(who, ": ", rd.path(), ": missing tensor '", p.name, "' (a parameter of the model)");
+    const TensorInfo& t = rd.info(p.name);
+    const bool dtype_ok = t.dtype == DType::f32 ||
+                          (convert && (t.dtype == DType::f64 || t.dtype == DType::f16 || t.dtype == DType::bf16));
+    if (!dtype_ok)
+      throw Error(who, ": ", rd.path(), ": tensor '", p.name, "' has dtype ", dtype_safetensors_name(t.dtype),
+                  ", expected F32", convert ? " (or F64, F16, BF16)" : "");
+    if (!(t.shape == p.tensor.shape()))
+      throw Error(who, ": ", rd.path(), ": tensor '", p.name, "' has shape ", t.shape, ", the model's parameter has shape ",
+                  p.tensor.shape());
+  }
+}
+
+void copy_params(const SafetensorsReader& rd, const std::vector<optim::Param>& params) {
+  for (const optim::Param& p : params) {
+    const TensorInfo& t = rd.info(p.name);
+    if (t.dtype == DType::f32) {
+      const auto b = rd.bytes(p.name);
+      if (!b.empty()) std::memcpy(p.tensor.data(), b.data(), b.size());
+    } else {
+      const Tensor<fp32> v = rd.get_converted<fp32>(p.name);
+      if (v.numel() > 0) std::memcpy(p.tensor.data(), v.data(), v.nbytes());
+    }
+  }
+}
+}  // namespace
+
+// ---- training state ---------------------------------------------------------------------------------
+void save_train_state(const std::string& path, const std::vector<optim::Param>& params, const optim::Optimizer& opt,
+                      const TrainStateRecord& record) {
+  TrainStateRecord r = record;
+  r.optimizer = opt.name();
+  const std::string state = record_to_json(r).dump();
+  SafetensorsWriter w;
+  for (const optim::Param& p : params) {
+    TG_CHECK(!p.name.starts_with(kOptimPrefix), "save_train_state: parameter name '", p.name, "' uses the reserved prefix '",
+             kOptimPrefix, "'");
+    w.add(p.name, p.tensor);
+  }
+  for (const optim::NamedTensor& e : opt.state_tensors()) w.add(kOptimPrefix + e.name, e.tensor);
+  w.set_metadata("format", kFormat);
+  w.set_metadata("format_version", kFormatVersion);
+  w.set_metadata("tg.state", state);
+  w.set_metadata("tg.state.crc32c", hex8(crc32c(state.data(), state.size())));
+  w.write(path);
+}
+
+TrainStateRecord read_train_state_record(const std::string& path) {
+  return open_checked(SafetensorsReader::open(path));
+}
+
+TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt) {
+  const SafetensorsReader rd = SafetensorsReader::open(path);
+  TrainStateRecord r = open_checked(rd);
+  if (r.optimizer != opt.name())
+    fail(path, "the checkpoint holds " + r.optimizer + " state, the optimizer is " + std::string(opt.name()));
+  check_params(rd, params, /*convert=*/false, "checkpoint");
+  std::set<std::string> names;
+  for (const optim::Param& p : params) names.insert(p.name);
+  std::vector<optim::NamedTensor> state;
+  for (const TensorInfo& t : rd.tensors()) {
+    if (names.count(t.name)) continue;
+    if (!t.name.starts_with(kOptimPrefix))
+      fail(path, "unexpected tensor '" + t.name + "': not a parameter of the model and not optimizer state (\"optim.*\")");
+    if (t.dtype != DType::f32)
+      fail(path, "optimizer state '" + t.name + "' has dtype " + std::string(dtype_safetensors_name(t.dtype)) + ", expected F32");
+    state.push_back({t.name.substr(std::strlen(kOptimPrefix)), rd.get<fp32>(t.name)});
+  }
+  // Optimizer::load_state checks names and shapes but changes state as it goes: keep a copy to put back.
+  const std::vector<optim::NamedTensor> before = opt.state_tensors();
+  try {
+    opt.load_state(state);
+  } catch (const Error& e) {
+    opt.load_state(before);
+    fail(path, std::string("optimizer state does not fit the optimizer: ") + e.what());
+  }
+  copy_params(rd, params);
+  return r;
+}
+
+// ---- weights ----------------------------------------------------------------------------------------
+void save_weights(const std::string& path, const std::vector<optim::Param>& params,
+                  const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter w;
+  for (const optim::Param& p : params) w.add(p.name, p.tensor);
+  w.set_metadata("format", "pt");
+  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
+  w.write(path);
+}
+
+void load_weights(const std::string& path, const std::vector<optim::Param>& params) {
+  const SafetensorsReader rd = SafetensorsReader::open(path);
+  const bool is_checkpoint = rd.metadata_value("format") == std::string(kFormat);
+  if (is_checkpoint) open_checked(rd);
+  else rd.verify_checksums(/*required=*/false);
+  check_params(rd, params, /*convert=*/!is_checkpoint, "load_weights");
+  std::set<std::string> names;
+  for (const optim::Param& p : params) names.insert(p.name);
+  for (const TensorInfo& t : rd.tensors()) {
+    if (names.count(t.name) || (is_checkpoint && t.name.starts_with(kOptimPrefix))) continue;
+    throw Error("load_weights: ", path, ": unexpected tensor '", t.name, "' (not a parameter of the model)");
+  }
+  copy_params(rd, params);
+}
+
+// ---- checkpoint directories -------------------------------------------------------------------------
+namespace {
+/// The step of a complete checkpoint's file name "ckpt-<digits>.safetensors", or -1.
+std::int64_t step_of(const std::string& name) {
+  constexpr std::string_view prefix = "ckpt-", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.empty() || digits.size() > 18) return -1;
+  for (char c : digits)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(digits);
+}
+
+bool is_directory(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void make_dirs(const std::string& dir) {
+  std::string at;
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    at = dir.substr(0, pos);
+    if (at.empty() || is_directory(at)) continue;
+    if (::mkdir(at.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error("checkpoint: cannot create directory '", at, "': ", std::strerror(errno));
+  }
+}
+}  // namespace
+
+CheckpointDir::CheckpointDir(std::string dir, std::int64_t keep) : dir_(std::move(dir)), keep_(keep) {
+  TG_CHECK(!dir_.empty(), "CheckpointDir: the directory name is empty");
+  TG_CHECK(keep >= 0, "CheckpointDir: keep must be >= 0 (0 keeps all), got ", keep);
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  make_dirs(dir_);
+}
+
+std::string CheckpointDir::path_for(std::int64_t step) const {
+  TG_CHECK(step >= 0, "CheckpointDir: step must be >= 0, got ", step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt-%08lld.safetensors", static_cast<long long>(step));
+  return dir_ + "/" + buf;
+}
+
+std::vector<std::pair<std::int64_t, std::string>> CheckpointDir::list() const {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) throw Error("checkpoint: cannot read directory '", dir_, "': ", std::strerror(errno));
+  while (const dirent* e = ::readdir(d)) {
+    const std::int64_t s = step_of(e->d_name);
+    if (s >= 0) out.emplace_back(s, dir_ + "/" + e->d_name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> CheckpointDir::latest() const {
+  const auto all = list();
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+std::string CheckpointDir::save(const std::vector<optim::Param>& params, const optim::Optimizer& opt,
+                                const TrainStateRecord& record) {
+  const std::string path = path_for(record.step);
+  save_train_state(path, params, opt, record);
+  if (keep_ > 0) {
+    auto all = list();
+    // Never delete what was just written, even when an older run left higher step numbers behind.
+    std::erase_if(all, [&](const auto& e) { return e.second == path; });
+    const auto keep_others = static_cast<std::size_t>(keep_ - 1);
+    for (std::size_t i = 0; i + keep_others < all.size(); ++i) ::unlink(all[i].second.c_str());
+  }
+  // Temporaries of saves that were killed (Note [atomic file replacement]); one writer per directory.
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    std::vector<std::string> stale;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.starts_with(".ckpt-") && n.find(".safetensors.tmp-") != std::string::npos) stale.push_back(dir_ + "/" + n);
+    }
+    ::closedir(d);
+    for (const auto& s : stale) ::unlink(s.c_str());
+  }
+  return path;
+}
+
+std::string resolve_resume(const std::string& dir_or_file) {
+  if (is_directory(dir_or_file)) {
+    const auto latest = CheckpointDir(dir_or_file).latest();
+    if (!latest) throw Error("--resume: no checkpoint (ckpt-<step>.safetensors) in directory '", dir_or_file, "'");
+    return *latest;
+  }
+  if (::access(dir_or_file.c_str(), R_OK) != 0)
+    throw Error("--resume: '", dir_or_file, "' is neither a checkpoint file nor a directory: ", std::strerror(errno));
+  return dir_or_file;
+}
+
+}  // namespace tg::io

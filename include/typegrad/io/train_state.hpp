@@ -1,0 +1,115 @@
+// Training-state checkpoints (fp32 master weights, optimizer state, schedule / sampler / RNG / accumulation
+// positions, loss-scaler numbers, the run's configuration) as checksummed safetensors, saved atomically.
+//   tg::io::CheckpointDir ckpts("runs/a", /*keep=*/3);  ckpts.save(step, params, opt, record);
+//   auto rec = tg::io::load_train_state(tg::io::resolve_resume("runs/a"), params, opt);  // then restore positions
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "typegrad/core/random.hpp"
+#include "typegrad/data/sampler.hpp"
+#include "typegrad/io/safetensors.hpp"
+#include "typegrad/optim/optimizer.hpp"
+
+namespace tg::io {
+
+// Note [training-state checkpoints]
+// One safetensors file per checkpoint (docs/checkpoints.md has the full layout):
+//   tensors   "<param>"            F32, every model parameter under its GPT-2 name (so the file also
+//                                  loads as plain weights, in typegrad or in PyTorch)
+//             "optim.<entry>"      F32, Optimizer::state_tensors() ("optim.h.0.mlp.c_fc.weight.exp_avg",
+//                                  "optim.h.0.mlp.c_fc.weight.step", "optim.optimizer.step")
+//   metadata  "format"             "typegrad.train_state"        "format_version"  "1"
+//             "tg.state"           JSON of TrainStateRecord (the plain numbers below, the config)
+//             "tg.state.crc32c"    CRC32C of the "tg.state" text
+//             "tg.crc32c"          per-tensor CRC32C (Note [checksums])
+// Saving happens between optimizer steps (after GradAccum's N-th micro-step), where the gradients are
+// zero and only the numbers below describe the position; resume restores them and continues with the
+// same batches, dropout masks and learning rates, so the run is bit-identical to one never stopped.
+// Loading checks everything (format, checksums, name set, dtypes, shapes, optimizer kind) before it
+// changes anything: on an error the model and optimizer are as they were.
+
+/// A tg::Generator's whole state.
+struct GeneratorRecord {
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  bool operator==(const GeneratorRecord&) const = default;
+};
+inline GeneratorRecord record_of(const Generator& g) { return {g.seed(), g.offset()}; }
+inline void restore(Generator& g, const GeneratorRecord& r) { g.set_state(r.seed, r.offset); }
+
+/// Gradient-accumulation position: N, micro-batches done since the last optimizer step (0 at a
+/// checkpoint), optimizer steps taken through the accumulator.
+struct GradAccumRecord {
+  std::int64_t n = 1;
+  std::int64_t micro_index = 0;
+  std::int64_t steps = 0;
+  bool operator==(const GradAccumRecord&) const = default;
+};
+
+/// A dynamic loss scaler's numbers (amp::DynamicScaler: scale, consecutive finite steps, skipped steps).
+struct ScalerStateRecord {
+  double scale = 65536.0;
+  std::int64_t growth_tracker = 0;
+  std::int64_t skipped_steps = 0;
+  bool operator==(const ScalerStateRecord&) const = default;
+};
+
+/// Everything in a training checkpoint besides the tensors.
+struct TrainStateRecord {
+  std::int64_t step = 0;           ///< optimizer steps completed (the trainer's step counter)
+  std::int64_t schedule_step = 0;  ///< optim::Schedule::step()
+  data::SamplerPosition sampler;   ///< the training sampler's position
+  std::map<std::string, GeneratorRecord> generators;  ///< e.g. "init", "dropout", "sample"
+  std::optional<GradAccumRecord> grad_accum;
+  std::optional<ScalerStateRecord> scaler;
+  std::map<std::string, double> scalars;  ///< free-form numbers (running loss averages, token counts)
+  std::string config_json = "{}";         ///< the run's configuration, a JSON object
+  std::string optimizer;                  ///< Optimizer::name(); filled by save, checked by load
+  bool operator==(const TrainStateRecord&) const = default;
+};
+
+/// Writes a training checkpoint to `path` atomically (Note [atomic file replacement]).
+void save_train_state(const std::string& path, const std::vector<optim::Param>& params, const optim::Optimizer& opt,
+                      const TrainStateRecord& record);
+/// Loads a checkpoint written by save_train_state into `params` and `opt` (all checks first, see the Note)
+/// and returns its record; restoring the positions it holds is the caller's part.
+TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt);
+/// The record of a checkpoint without loading its tensors (tensors and checksums are still verified).
+TrainStateRecord read_train_state_record(const std::string& path);
+
+/// Weights only: every parameter as F32 under its name, checksummed, `metadata` added ("format": "pt" by
+/// default, which PyTorch-side tools expect).
+void save_weights(const std::string& path, const std::vector<optim::Param>& params,
+                  const std::map<std::string, std::string>& metadata = {});
+/// Loads weights into `params` from a weights file (exactly the parameters' names; floating dtypes are
+/// converted to fp32) or from a training checkpoint (its "optim.*" tensors are ignored). Checksums are
+/// verified when the file has them. All checks happen before any parameter changes.
+void load_weights(const std::string& path, const std::vector<optim::Param>& params);
+
+/// A directory of checkpoints "ckpt-<step, 8+ digits>.safetensors", keeping the newest `keep` (0: all).
+class CheckpointDir {
+ public:
+  explicit CheckpointDir(std::string dir, std::int64_t keep = 0);
+  const std::string& dir() const { return dir_; }
+  std::string path_for(std::int64_t step) const;
+  /// Complete checkpoints (temporaries never match), ascending by step.
+  std::vector<std::pair<std::int64_t, std::string>> list() const;
+  std::optional<std::string> latest() const;
+  /// Saves step `record.step`, then deletes the oldest beyond `keep`; returns the path written.
+  std::string save(const std::vector<optim::Param>& params, const optim::Optimizer& opt, const TrainStateRecord& record);
+
+ private:
+  std::string dir_;
+  std::int64_t keep_ = 0;
+};
+
+/// --resume's argument: a checkpoint file as is, or a directory's latest checkpoint (error when none).
+std::string resolve_resume(const std::string& dir_or_file);
+
+}  // namespace tg::io
