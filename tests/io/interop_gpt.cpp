@@ -7,6 +7,7 @@
 
 #include "typegrad/io/train_state.hpp"
 #include "typegrad/nn/gpt.hpp"
+#include "typegrad/typegrad.hpp"
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/cross_entropy.hpp"
 #include "typegrad/optim/optim.hpp"
+#include "typegrad/typegrad.hpp"
 
 namespace tg::testing {
 
