@@ -6,6 +6,7 @@
 
 #include "typegrad/io/train_state.hpp"
 #include "typegrad/optim/optim.hpp"
+#include "typegrad/typegrad.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
