@@ -261,6 +261,27 @@ void load_weights(const std::string& path, const std::vector<optim::Param>& para
   copy_params(rd, params);
 }
 
+// ---- configurations ---------------------------------------------------------------------------------
+std::vector<std::string> config_differences(const std::string& saved_json, const std::string& current_json) {
+  json a, b;
+  try {
+    a = json::parse(saved_json);
+    b = json::parse(current_json);
+  } catch (const json::exception& e) {
+    throw Error("config_differences: not valid JSON: ", e.what());
+  }
+  TG_CHECK(a.is_object() && b.is_object(), "config_differences: both configurations must be JSON objects");
+  std::vector<std::string> out;
+  std::set<std::string> keys;
+  for (auto it = a.begin(); it != a.end(); ++it) keys.insert(it.key());
+  for (auto it = b.begin(); it != b.end(); ++it) keys.insert(it.key());
+  for (const auto& k : keys) {
+    const std::string x = a.contains(k) ? a[k].dump() : "(absent)", y = b.contains(k) ? b[k].dump() : "(absent)";
+    if (x != y) out.push_back(k + ": checkpoint " + x + ", now " + y);
+  }
+  return out;
+}
+
 // ---- checkpoint directories -------------------------------------------------------------------------
 namespace {
 /// The step of a complete checkpoint's file name "ckpt-<digits>.safetensors", or -1.

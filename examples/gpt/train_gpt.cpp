@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include <typegrad/data/dataset.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/data/tokenizer.hpp>
+#include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -53,6 +55,12 @@ struct Options {
   double val_fraction = 0.1;
   std::string log;
   std::string prompt = "\n";
+  // checkpoints (docs/checkpoints.md)
+  std::string save_dir;
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t keep = 3;
+  std::string resume;     // a checkpoint file, or a directory (its latest)
+  std::string init_from;  // weights only (safetensors)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -153,6 +161,88 @@ std::string generate(const tg::nn::GPT& model, const tg::data::ByteTokenizer& to
   return tok.decode(std::span<const std::int32_t>(ids));
 }
 
+// ---- checkpoints ----------------------------------------------------------------------------------
+// The settings that decide what a run computes (not where it writes), as JSON for the checkpoint.
+std::string run_config_json(const Options& o) {
+  auto str = [](const std::string& v) {
+    std::string out = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        out += buf;
+      } else {
+        out += c;
+      }
+    }
+    return out + "\"";
+  };
+  auto num = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  std::ostringstream j;
+  j << "{\"data\":" << str(o.data) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.batch << ",\"seq\":" << o.seq
+    << ",\"grad_accum\":" << o.grad_accum << ",\"steps\":" << o.steps << ",\"lr\":" << num(o.lr) << ",\"min_lr\":" << num(o.min_lr)
+    << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
+    << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
+    << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction) << "}";
+  return j.str();
+}
+
+/// Everything the loop needs to continue exactly (Note [training-state checkpoints]).
+struct LoopState {
+  tg::optim::Schedule& schedule;
+  tg::data::BatchSampler& sampler;
+  tg::Generator& init_gen;
+  tg::Generator& dropout_gen;
+  tg::Generator& sample_gen;
+  tg::optim::GradAccumRuntime& accum;
+  double& loss_ema;
+  std::int64_t& tokens_done;
+};
+
+void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t step, const std::vector<tg::optim::Param>& params,
+                     const tg::optim::Optimizer& opt, const LoopState& s) {
+  tg::io::TrainStateRecord r;
+  r.step = step;
+  r.schedule_step = s.schedule.step();
+  r.sampler = s.sampler.position();
+  r.generators = {{"init", tg::io::record_of(s.init_gen)}, {"dropout", tg::io::record_of(s.dropout_gen)},
+                  {"sample", tg::io::record_of(s.sample_gen)}};
+  r.grad_accum = tg::io::GradAccumRecord{s.accum.n(), s.accum.micro_index(), s.accum.steps()};
+  r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)}};
+  r.config_json = run_config_json(o);
+  const auto t0 = Clock::now();
+  const std::string path = dir.save(params, opt, r);
+  std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
+}
+
+/// Loads --resume into the model and optimizer, restores the loop's positions; returns the step reached.
+std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& params, tg::optim::Optimizer& opt,
+                         const LoopState& s) {
+  const std::string path = tg::io::resolve_resume(o.resume);
+  const tg::io::TrainStateRecord r = tg::io::load_train_state(path, params, opt);
+  for (const auto& d : tg::io::config_differences(r.config_json, run_config_json(o)))
+    std::printf("warning: resuming with a different setting, the run will not repeat the original: %s\n", d.c_str());
+  TG_CHECK(r.grad_accum && r.grad_accum->n == o.grad_accum, "--resume: ", path, " was saved with --grad-accum ",
+           r.grad_accum ? r.grad_accum->n : 0, ", this run uses ", o.grad_accum);
+  s.schedule.set_step(r.schedule_step);
+  s.sampler.set_position(r.sampler);
+  for (auto [name, gen] : {std::pair{"init", &s.init_gen}, {"dropout", &s.dropout_gen}, {"sample", &s.sample_gen}}) {
+    auto it = r.generators.find(name);
+    TG_CHECK(it != r.generators.end(), "--resume: ", path, " has no state for the '", name, "' generator");
+    tg::io::restore(*gen, it->second);
+  }
+  s.accum.restore(r.grad_accum->steps, r.grad_accum->micro_index);
+  if (auto it = r.scalars.find("loss_ema"); it != r.scalars.end()) s.loss_ema = it->second;
+  if (auto it = r.scalars.find("tokens_done"); it != r.scalars.end()) s.tokens_done = static_cast<std::int64_t>(it->second);
+  std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(r.step));
+  return r.step;
+}
+
 int run(const Options& o) {
   if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
   TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
@@ -171,6 +261,17 @@ int run(const Options& o) {
   auto schedule = make_schedule(o, o.steps);
   tg::optim::GradAccumRuntime accum(o.grad_accum);
   tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
+  double loss_ema = 0;
+  std::int64_t tokens_done = 0;
+  const LoopState loop_state{schedule, sampler, init_gen, dropout_gen, sample_gen, accum, loss_ema, tokens_done};
+  TG_CHECK(o.init_from.empty() || o.resume.empty(), "--init-from and --resume exclude each other (a checkpoint holds the weights)");
+  if (!o.init_from.empty()) {
+    tg::io::load_weights(o.init_from, params);
+    std::printf("initialized the weights from %s\n", o.init_from.c_str());
+  }
+  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state);
+  std::optional<tg::io::CheckpointDir> ckpts;
+  if (!o.save_dir.empty()) ckpts.emplace(o.save_dir, o.keep);
 
   std::ofstream log;
   if (!o.log.empty()) {
@@ -190,10 +291,9 @@ int run(const Options& o) {
   std::printf("step 0: val loss %.4f\n", val0);
 
   const auto t_start = Clock::now();
-  double loss_ema = 0, last_val = val0, best_val = val0;
-  std::int64_t tokens_done = 0;
+  double last_val = val0, best_val = val0;
   double train_time = 0;
-  for (std::int64_t step = 1; step <= o.steps; ++step) {
+  for (std::int64_t step = start_step + 1; step <= o.steps; ++step) {
     const auto t0 = Clock::now();
     double step_loss = 0;
     for (std::int64_t m = 0; m < o.grad_accum; ++m) {
@@ -207,8 +307,8 @@ int run(const Options& o) {
     train_time += dt;
     tokens_done += o.batch * o.seq * o.grad_accum;
     loss_ema = step == 1 ? step_loss : 0.9 * loss_ema + 0.1 * step_loss;
-    const double tok_s = static_cast<double>(tokens_done) / train_time;
-    const double left = train_time / static_cast<double>(step) * static_cast<double>(o.steps - step);
+    const double tok_s = static_cast<double>(o.batch * o.seq * o.grad_accum * (step - start_step)) / train_time;
+    const double left = train_time / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
     const auto mem = tg::allocator<tg::cpu>().stats();
     const float lr_used = schedule.lr_at(schedule.step() - 1);
     char line[256];
@@ -232,6 +332,7 @@ int run(const Options& o) {
       if (eval_now) log << ",\"val_loss\":" << last_val;
       log << "}\n";
     }
+    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state);
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
@@ -242,8 +343,9 @@ int run(const Options& o) {
   std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
   std::printf("  train loss (ema)  %.4f\n", loss_ema);
   std::printf("  val loss          %.4f at the end, %.4f best, %.4f at step 0 (ln 256 = %.4f)\n", last_val, best_val, val0, std::log(256.0));
-  std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(o.steps) * 1e3,
-              static_cast<double>(tokens_done) / train_time);
+  const std::int64_t steps_run = std::max<std::int64_t>(1, o.steps - start_step);  // in this process (after --resume)
+  std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(steps_run) * 1e3,
+              static_cast<double>(o.batch * o.seq * o.grad_accum * steps_run) / std::max(train_time, 1e-9));
   std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
               human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
   std::printf("  wall time         %s\n", human_time(seconds_since(t_start)).c_str());
@@ -280,6 +382,11 @@ int main(int argc, char** argv) {
   app.add_option("--val-fraction", o.val_fraction, "fraction of the corpus held out for validation")->check(CLI::Range(0.001, 0.5));
   app.add_option("--prompt", o.prompt, "text the samples start from");
   app.add_option("--log", o.log, "write one JSON line per step to this file");
+  app.add_option("--save-dir", o.save_dir, "write training checkpoints (ckpt-<step>.safetensors) to this directory");
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; needs --save-dir)")->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", o.resume, "continue from a checkpoint file, or from the latest in a directory");
+  app.add_option("--init-from", o.init_from, "initialize the weights from a safetensors file (weights only)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -92,6 +92,10 @@ void save_weights(const std::string& path, const std::vector<optim::Param>& para
 /// verified when the file has them. All checks happen before any parameter changes.
 void load_weights(const std::string& path, const std::vector<optim::Param>& params);
 
+/// The keys whose values differ between two JSON configurations ("lr: checkpoint 0.002, now 0.001"),
+/// for a trainer to report when a run is resumed with other settings.
+std::vector<std::string> config_differences(const std::string& saved_json, const std::string& current_json);
+
 /// A directory of checkpoints "ckpt-<step, 8+ digits>.safetensors", keeping the newest `keep` (0: all).
 class CheckpointDir {
  public:
