@@ -29,6 +29,11 @@ fs::path tmp_dir() {
 }
 std::string tmp_path(const std::string& name) { return (tmp_dir() / name).string(); }
 
+struct RemoveTmpDir : ::testing::Environment {
+  void TearDown() override { fs::remove_all(tmp_dir()); }
+};
+const auto* const kRemoveTmpDir = ::testing::AddGlobalTestEnvironment(new RemoveTmpDir);
+
 void write_bytes(const std::string& path, const std::vector<std::uint8_t>& b) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
