@@ -312,6 +312,14 @@ void SafetensorsWriter::add_bytes(const std::string& name, DType dtype, const Sh
 }
 
 std::string SafetensorsWriter::header() const {
+  try {
+    return header_text();
+  } catch (const json::exception& e) {  // a name or metadata value that is not valid UTF-8
+    throw Error("SafetensorsWriter: a tensor name or metadata entry is not valid UTF-8: ", e.what());
+  }
+}
+
+std::string SafetensorsWriter::header_text() const {
   json h = json::object();
   json meta = json::object();
   for (const auto& [k, v] : metadata_) meta[k] = v;

@@ -264,6 +264,7 @@ int run(const Options& o) {
   double loss_ema = 0;
   std::int64_t tokens_done = 0;
   const LoopState loop_state{schedule, sampler, init_gen, dropout_gen, sample_gen, accum, loss_ema, tokens_done};
+  TG_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save-dir");
   TG_CHECK(o.init_from.empty() || o.resume.empty(), "--init-from and --resume exclude each other (a checkpoint holds the weights)");
   if (!o.init_from.empty()) {
     tg::io::load_weights(o.init_from, params);

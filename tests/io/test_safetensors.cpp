@@ -165,6 +165,8 @@ TEST(Safetensors, writer_rejects_bad_input) {
   expect_error([&] { w.add("a", Tensor<fp32>::zeros({2})); }, {"tensor 'a' added twice"});
   expect_error([&] { w.add("__metadata__", Tensor<fp32>::zeros({2})); }, {"invalid tensor name"});
   expect_error([&] { w.add_bytes("b", DType::f32, {3}, std::vector<std::uint8_t>(10)); }, {"needs 12 bytes, got 10"});
+  w.add("bad\xff", Tensor<fp32>::zeros({1}));
+  expect_error([&] { w.serialize(); }, {"not valid UTF-8"});
 }
 
 TEST(AtomicWrite, replaces_the_file_and_leaves_no_temporary) {

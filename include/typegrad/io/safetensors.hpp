@@ -186,6 +186,7 @@ class SafetensorsWriter {
   void add_span(const std::string& name, DType dtype, const Shape& shape, const void* data, std::size_t nbytes,
                 std::shared_ptr<const void> keep_alive);
   std::string header() const;
+  std::string header_text() const;
   void emit(const std::function<void(const void*, std::size_t)>& sink) const;
 
   std::vector<Entry> entries_;
