@@ -90,8 +90,8 @@ void BM_Checkpoint_load(benchmark::State& state, const char* preset) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * bytes);
   state.counters["file_MB"] = static_cast<double>(bytes) / 1e6;
 }
-BENCHMARK_CAPTURE(BM_Checkpoint_save, small, "small")->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_Checkpoint_load, small, "small")->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_Checkpoint_save, small, "small")->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Checkpoint_load, small, "small")->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
 
 }  // namespace
 
