@@ -308,6 +308,18 @@ TEST(SafetensorsHostile, checksum_problems_are_named) {
 }
 
 // ---- training state ---------------------------------------------------------------------------------
+TEST(TrainState, config_differences_and_grad_accum_restore) {
+  EXPECT_TRUE(io::config_differences(R"({"a":1,"b":"x"})", R"({"b":"x","a":1})").empty());
+  EXPECT_EQ(io::config_differences(R"({"lr":0.002,"steps":10})", R"({"lr":0.001,"steps":10,"new":true})"),
+            (std::vector<std::string>{"lr: checkpoint 0.002, now 0.001", "new: checkpoint (absent), now true"}));
+  expect_error([] { io::config_differences("{", "{}"); }, {"not valid JSON"});
+  optim::GradAccumRuntime accum(4);
+  accum.restore(7);
+  EXPECT_EQ(accum.steps(), 7);
+  EXPECT_EQ(accum.micro_index(), 0);
+  expect_error([&] { accum.restore(7, 2); }, {"micro_index 0", "got steps 7, micro_index 2"});
+}
+
 struct SmallModel {
   std::vector<optim::Param> params;
   std::unique_ptr<optim::Optimizer> opt;
