@@ -1,7 +1,7 @@
 // Checkpoint I/O speed: CRC32C (SSE4.2 vs table), and saving / loading a training checkpoint of a GPT
 // with AdamW state (atomic write with fsync, full validation and checksums on load).
-//   bench_checkpoint --benchmark_filter=Crc                 # checksum throughput
-//   TG_BENCH_CKPT_DIR=/tmp bench_checkpoint --benchmark_filter=Checkpoint
+//   bench_train_state --benchmark_filter=Crc                 # checksum throughput
+//   TG_BENCH_CKPT_DIR=/tmp bench_train_state --benchmark_filter=Checkpoint
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
