@@ -62,7 +62,10 @@ template <class Saved, class Fn, Element T, Device D>
 void record(const char* op, Tensor<T, D>& out, Saved saved, Fn fn, const std::vector<Tensor<T, D>>& ins) {
   bool any = false;
   for (const auto& t : ins) any = any || t.requires_grad();
-  if (!grad_enabled() || !any) return;
+  if (!grad_enabled() || !any) {
+    if (any && !region_stack().empty()) region_note_requires_grad();  // see record() in node.hpp
+    return;
+  }
   auto& meta = ensure_meta(out);
   meta->requires_grad = true;
   std::vector<TensorInfo> infos;
