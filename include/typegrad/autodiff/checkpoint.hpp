@@ -108,12 +108,15 @@ class RegionNode final : public Node {
     return true;
   }
   void release() override {
+    free_saved();
     released_ = true;
+    slots_ = {};
+    fn_.reset();
+  }
+  void free_saved() override {
     saved_inputs_ = {};
     kept_.clear();
     kept_.shrink_to_fit();
-    slots_ = {};
-    fn_.reset();
   }
 
  private:

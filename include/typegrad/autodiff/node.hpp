@@ -104,6 +104,7 @@ class OpNode final : public Node {
     saved_ = Saved{};
     slots_ = {};
   }
+  void free_saved() override { saved_ = Saved{}; }
 
  private:
   template <class Tuple, std::size_t... I>

@@ -50,6 +50,7 @@ class ListOpNode final : public Node {
     saved_ = Saved{};
     slots_.clear();
   }
+  void free_saved() override { saved_ = Saved{}; }
 
  private:
   Saved saved_;
