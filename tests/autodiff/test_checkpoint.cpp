@@ -81,7 +81,7 @@ GradSnapshot gpt_grads(CheckpointMode mode, const tg::nn::GPTConfig& cfg, std::u
   return snapshot(model.named_parameters(), loss.item());
 }
 
-TEST(Checkpoint, GptGradientsBitwiseEqualUnderEveryPolicyFp32) {
+TEST(CheckpointRegion, GptGradientsBitwiseEqualUnderEveryPolicyFp32) {
   const auto cfg = small_config(0.1f);
   const GradSnapshot ref = gpt_grads<tg::fp32>(CheckpointMode::none, cfg);
   for (CheckpointMode m : kModes) expect_bitwise_equal(ref, gpt_grads<tg::fp32>(m, cfg), tg::checkpoint_mode_name(m));
@@ -90,7 +90,7 @@ TEST(Checkpoint, GptGradientsBitwiseEqualUnderEveryPolicyFp32) {
   EXPECT_FALSE(same_bits(ref.grads[2], other.grads[2])) << ref.names[2];
 }
 
-TEST(Checkpoint, GptGradientsBitwiseEqualUnderEveryPolicyBf16Compute) {
+TEST(CheckpointRegion, GptGradientsBitwiseEqualUnderEveryPolicyBf16Compute) {
   const auto cfg = small_config(0.1f);
   const GradSnapshot ref = gpt_grads<tg::bf16>(CheckpointMode::none, cfg);
   for (CheckpointMode m : kModes) expect_bitwise_equal(ref, gpt_grads<tg::bf16>(m, cfg), std::string("bf16 ") + tg::checkpoint_mode_name(m));
@@ -99,7 +99,7 @@ TEST(Checkpoint, GptGradientsBitwiseEqualUnderEveryPolicyBf16Compute) {
   EXPECT_FALSE(same_bits(ref.grads[2], f32.grads[2]));
 }
 
-TEST(Checkpoint, EvalForwardUnchangedAndNoGradRecordsNothing) {
+TEST(CheckpointRegion, EvalForwardUnchangedAndNoGradRecordsNothing) {
   const auto cfg = small_config(0.1f);
   tg::Generator init(7);
   tg::nn::GPT model(cfg, init);
@@ -124,7 +124,7 @@ std::int64_t count_ops(const std::string& op) {
   return n;
 }
 
-TEST(Checkpoint, RegionsRecordOneNodeAndRecomputeInBackward) {
+TEST(CheckpointRegion, RegionsRecordOneNodeAndRecomputeInBackward) {
   const auto cfg = small_config(0.1f);
   const std::int64_t L = cfg.n_layer;
   for (CheckpointMode m : kModes) {
@@ -179,7 +179,7 @@ MemoryUse gpt_memory(CheckpointMode mode) {
   return u;
 }
 
-TEST(Checkpoint, ActivationsAreFreedAndPeakIsLower) {
+TEST(CheckpointRegion, ActivationsAreFreedAndPeakIsLower) {
   const MemoryUse none = gpt_memory(CheckpointMode::none), sel = gpt_memory(CheckpointMode::selective),
                   blocks = gpt_memory(CheckpointMode::blocks);
   // After forward the blocks' intermediates are gone: blocks keeps one (B,T,C) input per block, selective
@@ -203,7 +203,7 @@ struct TinyBlock {
   }
 };
 
-TEST(Checkpoint, NestedRegionsMatchPlainBitwise) {
+TEST(CheckpointRegion, NestedRegionsMatchPlainBitwise) {
   tg::Generator init(3);
   int calls = 0;
   TinyBlock a{F::normal({24, 16}, 0.f, 0.3f, init).requires_grad_(), F::normal({16, 24}, 0.f, 0.3f, init).requires_grad_(), 0.25, &calls};
@@ -264,7 +264,7 @@ TEST(Checkpoint, NestedRegionsMatchPlainBitwise) {
   EXPECT_EQ(gen.offset(), after_plain.offset());
 }
 
-TEST(Checkpoint, GradReadyHooksFireAsWithoutCheckpointing) {
+TEST(CheckpointRegion, GradReadyHooksFireAsWithoutCheckpointing) {
   const auto cfg = small_config(0.1f);
   auto run = [&](CheckpointMode m) {
     tg::Generator init(7), drop(11);
@@ -292,7 +292,7 @@ TEST(Checkpoint, GradReadyHooksFireAsWithoutCheckpointing) {
   EXPECT_EQ(run(CheckpointMode::blocks), ref);
 }
 
-TEST(Checkpoint, ComposesWithGradientAccumulation) {
+TEST(CheckpointRegion, ComposesWithGradientAccumulation) {
   const auto cfg = small_config(0.1f);
   auto run = [&](CheckpointMode m) {
     tg::Generator init(7), drop(11);
@@ -338,7 +338,7 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
   }
 }
 
-TEST(Checkpoint, BackwardTwiceThroughReleasedRegionIsAClearError) {
+TEST(CheckpointRegion, BackwardTwiceThroughReleasedRegionIsAClearError) {
   F x = region_fn_input(1);
   const F y = tg::checkpoint<tg::RecomputeAll>([](const F& t) { return tg::gelu_tanh(tg::mul(t, t)); }, x);
   tg::sum(y).backward();
@@ -347,7 +347,7 @@ TEST(Checkpoint, BackwardTwiceThroughReleasedRegionIsAClearError) {
   EXPECT_TRUE(same_bits(first, x.grad().to_vector())) << "the failed backward changed the gradient";
 }
 
-TEST(Checkpoint, RetainGraphAllowsASecondBackward) {
+TEST(CheckpointRegion, RetainGraphAllowsASecondBackward) {
   F x = region_fn_input(1);
   auto fn = [](const F& t) { return tg::gelu_tanh(tg::linear(t, t)); };
   F plain_x = x.detach();
@@ -361,7 +361,7 @@ TEST(Checkpoint, RetainGraphAllowsASecondBackward) {
   EXPECT_TRUE(same_bits(plain_x.grad().to_vector(), x.grad().to_vector()));
 }
 
-TEST(Checkpoint, NondeterministicRegionsAreRejected) {
+TEST(CheckpointRegion, NondeterministicRegionsAreRejected) {
   // Draws a different count of random numbers on the recompute.
   {
     F x = region_fn_input(2);
@@ -400,7 +400,7 @@ TEST(Checkpoint, NondeterministicRegionsAreRejected) {
   }
 }
 
-TEST(Checkpoint, RegionOnInputsWithoutGradAndParametersInside) {
+TEST(CheckpointRegion, RegionOnInputsWithoutGradAndParametersInside) {
   tg::Generator g(8);
   F w = F::normal({8, 8}, 0.f, 0.5f, g);
   w.requires_grad_();
@@ -424,7 +424,7 @@ TEST(Checkpoint, RegionOnInputsWithoutGradAndParametersInside) {
   for (float v : z.grad().to_vector()) EXPECT_EQ(v, 3.f);
 }
 
-TEST(Checkpoint, ModeNamesParse) {
+TEST(CheckpointRegion, ModeNamesParse) {
   for (CheckpointMode m : kModes) EXPECT_EQ(tg::parse_checkpoint_mode(tg::checkpoint_mode_name(m)), m);
   expect_error([] { tg::parse_checkpoint_mode("everything"); }, "unknown mode 'everything' (expected none, selective or blocks)");
 }
