@@ -50,7 +50,12 @@ void Tape::backward_from(const Node& last, bool retain_graph) {
   for (auto rit = nodes_.rbegin(); rit != nodes_.rend(); ++rit) {
     auto node = rit->lock();
     if (!node || node->sequence() > last.sequence()) continue;
-    if (node->run_backward()) ran.push_back(std::move(node));  // throws if released and needed
+    if (node->run_backward()) {  // throws if released and needed
+      // Each node runs at most once per walk, so what it saved can go now: activations are returned during
+      // backward, not after it. Its input metas (which own the upstream nodes) stay until the walk ends.
+      if (!retain_graph) node->free_saved();
+      ran.push_back(std::move(node));
+    }
   }
   if (!retain_graph)
     for (auto& n : ran) n->release();

@@ -61,6 +61,7 @@ struct Options {
   std::int64_t keep = 3;
   std::string resume;     // a checkpoint file, or a directory (its latest)
   std::string init_from;  // weights only (safetensors)
+  std::string checkpoint = "none";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -255,7 +256,8 @@ int run(const Options& o) {
   config.block_size = std::max(config.block_size, o.seq);
   config.dropout = o.dropout;
   tg::Generator init_gen(o.seed), dropout_gen(o.seed + 1), sample_gen(o.seed + 2);
-  const tg::nn::GPT model(config, init_gen);
+  tg::nn::GPT model(config, init_gen);
+  model.set_checkpoint(tg::parse_checkpoint_mode(o.checkpoint));
   const auto params = model.named_parameters();
   auto opt = make_optimizer(o, params);
   auto schedule = make_schedule(o, o.steps);
@@ -287,6 +289,7 @@ int run(const Options& o) {
               (long long)config.block_size, (long long)config.vocab_size, tg::nn::count_parameters(params) / 1e6,
               o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
               tg::backend::cpu::num_threads());
+  std::printf("activation checkpointing: %s\n", tg::checkpoint_mode_name(model.checkpoint()));
   std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
   const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
   std::printf("step 0: val loss %.4f\n", val0);
@@ -382,6 +385,8 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
   app.add_option("--val-fraction", o.val_fraction, "fraction of the corpus held out for validation")->check(CLI::Range(0.001, 0.5));
   app.add_option("--prompt", o.prompt, "text the samples start from");
+  app.add_option("--checkpoint", o.checkpoint, "activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (recompute each block)")
+      ->check(CLI::IsMember({"none", "selective", "blocks"}));
   app.add_option("--log", o.log, "write one JSON line per step to this file");
   app.add_option("--save-dir", o.save_dir, "write training checkpoints (ckpt-<step>.safetensors) to this directory");
   app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; needs --save-dir)")->check(CLI::NonNegativeNumber);

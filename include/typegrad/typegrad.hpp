@@ -13,6 +13,7 @@
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/autodiff/tape.hpp"
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/autodiff/checkpoint.hpp"
 #include "typegrad/ops/reduce.hpp"
 #include "typegrad/ops/views.hpp"
 #include "typegrad/ops/binary.hpp"

@@ -14,6 +14,7 @@ int main() {
   auto i = b.to<tg::cpu>();                      // ...or a device tag
   float x = g.to<tg::cpu>().at({0, 0});          // cf_at_on_device: copy to the host first
   tg::optim::GradAccum<1> accum;                 // cf_grad_accum_zero: N >= 1
-  (void)c, (void)d, (void)e, (void)f, (void)h, (void)i, (void)x, (void)accum;
+  auto k = tg::checkpoint<tg::RecomputeAll>([](const tg::Tensor<tg::fp32>& t) { return tg::mul(t, t); }, b);  // cf_checkpoint_not_tensor
+  (void)c, (void)d, (void)e, (void)f, (void)h, (void)i, (void)x, (void)accum, (void)k;
   return 0;
 }

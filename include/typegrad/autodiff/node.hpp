@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "typegrad/autodiff/region.hpp"
 #include "typegrad/autodiff/tape.hpp"
 #include "typegrad/core/tensor.hpp"
 
@@ -103,6 +104,7 @@ class OpNode final : public Node {
     saved_ = Saved{};
     slots_ = {};
   }
+  void free_saved() override { saved_ = Saved{}; }
 
  private:
   template <class Tuple, std::size_t... I>
@@ -130,7 +132,11 @@ bool any_requires_grad(const Ins&... ins) {
 
 template <class Saved, class Fn, Element TO, Device DO, class... Ins>
 void record(const char* op, Tensor<TO, DO>& out, Saved saved, Fn fn, const Ins&... ins) {
-  if (!any_requires_grad(ins...)) return;
+  if (!any_requires_grad(ins...)) {
+    // A checkpoint region's forward runs without recording but must learn whether to record itself.
+    if (!region_stack().empty() && (... || ins.requires_grad())) region_note_requires_grad();
+    return;
+  }
   auto& meta = ensure_meta(out);
   meta->requires_grad = true;
   std::vector<TensorInfo> infos{info_of(ins)...};

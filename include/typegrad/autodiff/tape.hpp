@@ -46,6 +46,9 @@ class Node {
   virtual bool run_backward() = 0;
   /// Frees what the node saved for backward (after backward, unless the graph is retained).
   virtual void release() { released_ = true; }
+  /// Frees the saved tensors only, right after the node ran in a walk that does not retain the graph;
+  /// release() follows at the walk's end (the inputs' metas, which own the upstream nodes, live until then).
+  virtual void free_saved() {}
 
  private:
   friend class Tape;

@@ -42,6 +42,14 @@ TG_HOST_DEVICE inline float normal_from_bits(std::uint32_t w0, std::uint32_t w1)
 }
 }  // namespace detail
 
+class Generator;
+namespace detail {
+/// True while a checkpoint region is active on this thread; draws are then reported to it so that its
+/// recompute can replay them (Note [checkpoint regions] in autodiff/checkpoint.hpp).
+bool rng_watch_active();
+void rng_watch_draw(Generator& gen);
+}  // namespace detail
+
 /// A seeded stream. Each draw of n numbers consumes counters [offset, offset + n) and advances offset,
 /// so (seed, offset) is the whole state: save and restore it for exact resume.
 class Generator {
@@ -55,6 +63,7 @@ class Generator {
   }
   /// Reserves n counters and returns the first.
   std::uint64_t advance(std::uint64_t n) {
+    if (detail::rng_watch_active()) detail::rng_watch_draw(*this);
     const std::uint64_t first = offset_;
     offset_ += n;
     return first;

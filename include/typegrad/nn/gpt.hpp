@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "typegrad/autodiff/checkpoint.hpp"
 #include "typegrad/nn/layers.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/dropout.hpp"
@@ -140,7 +141,7 @@ class GPT {
     const Tensor<std::int64_t> pos = Tensor<std::int64_t>::arange(T_);
     Tensor<T> x = add(wte_.forward<T>(idx), wpe_.forward<T>(pos));  // (B,T,C) + (T,C)
     x = dropout(x, config_.dropout, dropout_gen, training);
-    for (const Block& b : blocks_) x = b.forward(x, dropout_gen, training);
+    for (const Block& b : blocks_) x = checkpointed(checkpoint_, b, x, dropout_gen, training);  // Note [checkpoint regions]
     x = ln_f_.forward(x);
     return linear(x, wte_.weight().to<T>());  // tied LM head: logits = x·wteᵀ
   }
@@ -161,6 +162,9 @@ class GPT {
     return out;
   }
   const GPTConfig& config() const { return config_; }
+  /// Activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (keep inputs only).
+  void set_checkpoint(CheckpointMode mode) { checkpoint_ = mode; }
+  CheckpointMode checkpoint() const { return checkpoint_; }
   const std::vector<Block>& blocks() const { return blocks_; }
 
  private:
@@ -168,6 +172,7 @@ class GPT {
   Embedding wte_, wpe_;
   std::vector<Block> blocks_;
   LayerNorm ln_f_;
+  CheckpointMode checkpoint_ = CheckpointMode::none;
 };
 
 }  // namespace tg::nn

@@ -50,6 +50,7 @@ class ListOpNode final : public Node {
     saved_ = Saved{};
     slots_.clear();
   }
+  void free_saved() override { saved_ = Saved{}; }
 
  private:
   Saved saved_;
@@ -62,7 +63,10 @@ template <class Saved, class Fn, Element T, Device D>
 void record(const char* op, Tensor<T, D>& out, Saved saved, Fn fn, const std::vector<Tensor<T, D>>& ins) {
   bool any = false;
   for (const auto& t : ins) any = any || t.requires_grad();
-  if (!grad_enabled() || !any) return;
+  if (!grad_enabled() || !any) {
+    if (any && !region_stack().empty()) region_note_requires_grad();  // see record() in node.hpp
+    return;
+  }
   auto& meta = ensure_meta(out);
   meta->requires_grad = true;
   std::vector<TensorInfo> infos;

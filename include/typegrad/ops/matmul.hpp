@@ -110,7 +110,9 @@ Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b) {
              b.shape());
     batch[i] = da == 1 ? db : da;
   }
-  const Tensor<T, D> full = detail::matmul_into(a2, b2, batch, detail::with_matrix(batch, M, N));
+  const Shape full_shape = detail::with_matrix(batch, M, N);
+  const Tensor<T, D> full = autodiff::region_kept_output<Tensor<T, D>>(  // Note [checkpoint regions]
+      "matmul", full_shape, [&] { return detail::matmul_into(a2, b2, batch, full_shape); });
   Shape out_shape = batch;
   if (a.dim() > 1) out_shape.push_back(M);
   if (b.dim() > 1) out_shape.push_back(N);
@@ -166,11 +168,14 @@ Tensor<T, D> linear_impl(const Tensor<T, D>& x, const Tensor<T, D>& w, const Ten
   const std::int64_t M = xr.shape()[0], K = xr.shape()[1], N = wr.shape()[0];
   Shape out_shape = x.shape();
   out_shape[out_shape.size() - 1] = N;
-  Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
-  const Tensor<T, D> bc = bias ? bias->contiguous_raw() : Tensor<T, D>();
-  backend::cpu::linear_forward<T>(xr.data(), xr.strides()[0], xr.strides()[1], wr.data(), wr.strides()[0],
-                                  wr.strides()[1], bias ? bc.data() : nullptr, out.data(), M, N, K);
-  return out;
+  // A checkpoint region's policy may keep this output or hand back the kept one (Note [checkpoint regions]).
+  return autodiff::region_kept_output<Tensor<T, D>>("linear", out_shape, [&] {
+    Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
+    const Tensor<T, D> bc = bias ? bias->contiguous_raw() : Tensor<T, D>();
+    backend::cpu::linear_forward<T>(xr.data(), xr.strides()[0], xr.strides()[1], wr.data(), wr.strides()[0],
+                                    wr.strides()[1], bias ? bc.data() : nullptr, out.data(), M, N, K);
+    return out;
+  });
 }
 
 /// dX = dY·W, dW = dYᵀ·X over the flattened rows; dY is [M, N] contiguous.
