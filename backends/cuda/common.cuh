@@ -47,14 +47,28 @@ struct Geo {
     return off;
   }
 };
+/// Geometry of `sizes` with up to three stride sets. Size-1 dims are dropped and neighbours that are one
+/// uniform stride in every set are merged (row-major linear indices are unchanged), so a contiguous or
+/// simply broadcast operand costs one or two divisions per element, not one per dim.
 inline Geo make_geo(const Shape& sizes, const Shape& s0, const Shape& s1 = Shape(), const Shape& s2 = Shape()) {
   Geo g;
-  g.nd = sizes.size();
-  for (int d = 0; d < g.nd; ++d) {
-    g.size[d] = sizes[d];
-    g.st[0][d] = s0[d];
-    g.st[1][d] = s1.size() > d ? s1[d] : 0;
-    g.st[2][d] = s2.size() > d ? s2[d] : 0;
+  const Shape* sets[3] = {&s0, &s1, &s2};
+  auto stride = [&](int s, int d) { return sets[s]->size() > d ? (*sets[s])[d] : std::int64_t{0}; };
+  for (int d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    if (g.nd > 0) {
+      const int p = g.nd - 1;
+      bool merge = true;
+      for (int s = 0; s < 3; ++s) merge = merge && g.st[s][p] == stride(s, d) * sizes[d];
+      if (merge) {
+        g.size[p] *= sizes[d];
+        for (int s = 0; s < 3; ++s) g.st[s][p] = stride(s, d);
+        continue;
+      }
+    }
+    g.size[g.nd] = sizes[d];
+    for (int s = 0; s < 3; ++s) g.st[s][g.nd] = stride(s, d);
+    ++g.nd;
   }
   return g;
 }
