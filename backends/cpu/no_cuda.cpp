@@ -105,6 +105,11 @@ void attention_backward(const T*, const T*, const T*, const T*, const T*, const 
   no_backend("attention_backward");
 }
 
+void adam_step_multi(const AdamTensor*, int, double, double, double, double, double, bool, long long) {
+  no_backend("adam_step_multi");
+}
+bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
+
 #define TG_INSTANTIATE(T)                                                                                          \
   template void binary<T>(math::Binary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&);        \
   template void unary_forward<T>(math::Unary, const T*, const Shape&, T*, const Shape&);                          \

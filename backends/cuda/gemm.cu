@@ -124,6 +124,9 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   const std::uint64_t r1 = g.tb == Trans::N ? g.N : g.K, c1 = g.tb == Trans::N ? g.K : g.N;
   const std::uint64_t r2 = g.ta == Trans::N ? g.K : g.M, c2 = g.ta == Trans::N ? g.M : g.K;
 
+  // A broadcast operand (batch stride 0) goes straight to cuBLAS, whose strided-batched GEMM documents
+  // stride 0; everything else asks cuBLASLt first.
+  const bool broadcast_batch = g.batch > 1 && (g.sa == 0 || g.sb == 0);
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t l1 = nullptr, l2 = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
@@ -136,7 +139,7 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     if (l1) cublasLtMatrixLayoutDestroy(l1);
     if (desc) cublasLtMatmulDescDestroy(desc);
   };
-  try {
+  if (!broadcast_batch) try {
     TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_type));
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));

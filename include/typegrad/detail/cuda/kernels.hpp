@@ -118,6 +118,23 @@ template <class T>
 void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* dout, const accum_t<T>* lse, T* dq,
                         T* dk, T* dv, std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal);
 
+// ---- optimizer and loss-scaler kernels (backends/cuda/optim.cu) -------------------------------------------
+/// One parameter of a multi-tensor launch: contiguous fp32 device buffers of n elements.
+struct AdamTensor {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  std::int64_t n;
+};
+/// Adam / AdamW (decoupled) over `count` tensors in one launch: blocks take fixed-size chunks from a
+/// (tensor, start) table built on the host; each element runs math::adam_update, the CPU loop's body.
+void adam_step_multi(const AdamTensor* tensors, int count, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bool decoupled, long long step);
+/// The loss scaler's unscale: grads[i][j] *= inv_scale over every tensor in one launch; returns whether
+/// any element was inf or NaN (one 4-byte read back, so it synchronizes).
+bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count, float inv_scale);
+
 }  // namespace tg::backend::cuda
 
 // One list for the definitions (backends/cuda) and the CUDA-less stubs (backends/cpu/no_cuda.cpp).
