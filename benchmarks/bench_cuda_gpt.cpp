@@ -1,5 +1,6 @@
 // GPU training-step benchmark: a GPT (tests/cuda/functional_gpt.hpp, nn::GPT's architecture written with
-// ops) trained on synthetic tokens on CUDA with fp32 master weights, compute in --precision, AdamW. Prints
+// ops) trained on synthetic tokens on CUDA with fp32 master weights, compute in --precision, AdamW (one
+// multi-tensor launch per step, backend::cuda::adam_step_multi). Prints
 // ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token, Kaplan et al. / PaLM appendix B, against
 // --peak-tflops), then one machine-readable RESULT line for scripts/gpu-check.sh.
 //   bench_cuda_gpt --model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10
@@ -68,7 +69,7 @@ int run(const Args& a) {
     const auto [x, y] = tg::testing::synthetic_batch(a.batch, a.seq, cfg.vocab, 7, static_cast<std::uint64_t>(i));
     const tg::Tensor<T, tg::cuda> loss = model.template loss<T>(x, y);
     loss.backward();
-    model.adamw_step(3e-4);
+    model.fused_adamw_step(3e-4);
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) first_loss = tg::scalar_cast<double>(step(i).item());

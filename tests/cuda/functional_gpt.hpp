@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include <typegrad/detail/cpu/optim_kernels.hpp>
 #include <typegrad/typegrad.hpp>
 
 namespace tg::testing {
@@ -104,6 +105,39 @@ class FunctionalGpt {
       const Tensor<fp32, D> step = tg::div(tg::mul(m_[i], 1.0 / c1), tg::add(tg::sqrt(tg::mul(v_[i], 1.0 / c2)), eps));
       reset(p_[i], tg::sub(p_[i], tg::mul(tg::add(step, tg::mul(p_[i], wd)), lr)));
     }
+  }
+
+  /// The same AdamW update with the backends' fused kernels, in place: backend::cpu::adam_step per tensor
+  /// on the CPU, one backend::cuda::adam_step_multi launch on CUDA (both run math::adam_update's formula).
+  /// Gradients are cleared afterwards.
+  void fused_adamw_step(double lr, double beta1 = 0.9, double beta2 = 0.95, double eps = 1e-8, double wd = 0.1) {
+    ++t_;
+    if (m_.empty())
+      for (const auto& p : p_) {
+        m_.push_back(Tensor<fp32, D>::zeros(p.shape()));
+        v_.push_back(Tensor<fp32, D>::zeros(p.shape()));
+      }
+    std::vector<backend::cuda::AdamTensor> list;
+    for (std::size_t i = 0; i < p_.size(); ++i) {
+      const Tensor<fp32, D> g = p_[i].grad();  // accumulated gradients are contiguous and owned
+      if (!g.defined()) continue;
+      if constexpr (std::is_same_v<D, cpu>) {
+        backend::cpu::AdamScalars s;
+        s.lr = lr;
+        s.beta1 = beta1;
+        s.beta2 = beta2;
+        s.eps = eps;
+        s.weight_decay = wd;
+        s.decoupled = true;
+        s.step = t_;
+        backend::cpu::adam_step<float>(p_[i].data(), g.data(), m_[i].data(), v_[i].data(), p_[i].numel(), s);
+      } else {
+        list.push_back({p_[i].data(), g.data(), m_[i].data(), v_[i].data(), p_[i].numel()});
+      }
+    }
+    if constexpr (!std::is_same_v<D, cpu>)
+      backend::cuda::adam_step_multi(list.data(), static_cast<int>(list.size()), lr, beta1, beta2, eps, wd, true, t_);
+    for (auto& p : p_) p.zero_grad();
   }
 
  private:

@@ -18,8 +18,10 @@ constexpr int kSteps = 50;
 constexpr std::int64_t kBatch = 4, kSeq = 16;
 constexpr double kLr = 0.5;  // plain SGD: AdamW's m/√v would amplify round-off in near-zero gradients
 
+enum class Opt { sgd, fused_adamw };
+
 template <class T, class D>
-std::vector<double> train_losses() {
+std::vector<double> train_losses(Opt opt = Opt::sgd) {
   const FunctionalGptConfig cfg;  // V 64, 2 layers, 2 heads, C 32
   FunctionalGpt<D> model(cfg, /*seed=*/1234);
   std::vector<double> losses;
@@ -28,7 +30,8 @@ std::vector<double> train_losses() {
     const tg::Tensor<T, D> loss = model.template loss<T>(x, y);
     losses.push_back(static_cast<double>(tg::scalar_cast<float>(loss.item())));
     loss.backward();
-    model.sgd_step(kLr);
+    if (opt == Opt::sgd) model.sgd_step(kLr);
+    else model.fused_adamw_step(3e-3);
   }
   return losses;
 }
@@ -37,6 +40,11 @@ double mean_of(const std::vector<double>& v, std::size_t from, std::size_t to) {
   double s = 0;
   for (std::size_t i = from; i < to; ++i) s += v[i];
   return s / static_cast<double>(to - from);
+}
+
+TEST(TinyGptCpu, FiftyFusedAdamWStepsLowerTheLoss) {
+  const auto losses = train_losses<float, tg::cpu>(Opt::fused_adamw);
+  EXPECT_LT(mean_of(losses, kSteps - 5, kSteps), mean_of(losses, 0, 5) - 0.5) << "the loss did not fall";
 }
 
 TEST(TinyGptCpu, FiftyStepsLowerTheLossInFp32AndBf16) {
@@ -48,11 +56,11 @@ TEST(TinyGptCpu, FiftyStepsLowerTheLossInFp32AndBf16) {
 }
 
 template <class T>
-void compare_devices(double atol, double rtol) {
+void compare_devices(double atol, double rtol, Opt opt = Opt::sgd) {
   if (tg::backend::cuda::device_count() == 0)
     GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
                  << "): the CPU-vs-CUDA training comparison runs only on a GPU machine (scripts/gpu-check.sh)";
-  const std::vector<double> cpu = train_losses<T, tg::cpu>(), gpu = train_losses<T, tg::cuda>();
+  const std::vector<double> cpu = train_losses<T, tg::cpu>(opt), gpu = train_losses<T, tg::cuda>(opt);
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t i = 0; i < cpu.size(); ++i)
     EXPECT_NEAR(gpu[i], cpu[i], atol + rtol * std::abs(cpu[i])) << "step " << i << " in " << tg::dtype_traits<T>::name;
@@ -64,5 +72,8 @@ void compare_devices(double atol, double rtol) {
 // up to about 1e-2 in one step; 3e-2 leaves room for growth over the run.
 TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInFp32) { compare_devices<float>(1e-4, 1e-3); }
 TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInBf16) { compare_devices<tg::bf16>(1e-3, 3e-2); }
+// The fused AdamW kernels of both backends (cpu::adam_step, cuda::adam_step_multi). AdamW's m/√v turns
+// round-off in near-zero gradients into full-size steps, so the bound is looser than SGD's.
+TEST(TinyGptCuda, FiftyFusedAdamWStepsMatchTheCpuInFp32) { compare_devices<float>(1e-3, 1e-2, Opt::fused_adamw); }
 
 }  // namespace
