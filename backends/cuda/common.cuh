@@ -15,6 +15,7 @@
 #include "typegrad/core/device.hpp"
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
+#include "typegrad/detail/cuda/geometry.hpp"  // Geo, make_geo (host-tested)
 
 namespace tg::backend::cuda::detail {
 
@@ -29,48 +30,6 @@ __device__ __forceinline__ A load(const T* p) {
 template <class T, class A>
 __device__ __forceinline__ void store(T* p, A v) {
   *p = scalar_cast<T>(v);
-}
-
-/// Sizes and up to three stride sets of one index space, by value (a kernel parameter).
-struct Geo {
-  int nd = 0;
-  std::int64_t size[kMaxDims] = {};
-  std::int64_t st[3][kMaxDims] = {};
-  /// Offset in stride set s of row-major linear index i.
-  __device__ __forceinline__ std::int64_t offset(std::int64_t i, int s) const {
-    std::int64_t off = 0;
-    for (int d = nd - 1; d >= 0; --d) {
-      const std::int64_t q = i / size[d];
-      off += (i - q * size[d]) * st[s][d];
-      i = q;
-    }
-    return off;
-  }
-};
-/// Geometry of `sizes` with up to three stride sets. Size-1 dims are dropped and neighbours that are one
-/// uniform stride in every set are merged (row-major linear indices are unchanged), so a contiguous or
-/// simply broadcast operand costs one or two divisions per element, not one per dim.
-inline Geo make_geo(const Shape& sizes, const Shape& s0, const Shape& s1 = Shape(), const Shape& s2 = Shape()) {
-  Geo g;
-  const Shape* sets[3] = {&s0, &s1, &s2};
-  auto stride = [&](int s, int d) { return sets[s]->size() > d ? (*sets[s])[d] : std::int64_t{0}; };
-  for (int d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 1) continue;
-    if (g.nd > 0) {
-      const int p = g.nd - 1;
-      bool merge = true;
-      for (int s = 0; s < 3; ++s) merge = merge && g.st[s][p] == stride(s, d) * sizes[d];
-      if (merge) {
-        g.size[p] *= sizes[d];
-        for (int s = 0; s < 3; ++s) g.st[s][p] = stride(s, d);
-        continue;
-      }
-    }
-    g.size[g.nd] = sizes[d];
-    for (int s = 0; s < 3; ++s) g.st[s][g.nd] = stride(s, d);
-    ++g.nd;
-  }
-  return g;
 }
 
 constexpr int kThreads = 256;

@@ -271,53 +271,15 @@ void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T*
   operand(K, N, sb[nb], sb[nb + 1], g.tb, g.ldb, "b");
   TG_CHECK(N <= 1 || sc[nb + 1] == 1, "cuda matmul: the output needs column stride 1");
   g.ldc = std::max<std::int64_t>({sc[nb], N, 1});
-  // Batch dims: drop size-1 dims, merge neighbours that are one uniform stride for a, b and c.
-  struct Dim {
-    std::int64_t n, a, b, c;
-  };
-  std::vector<Dim> dims;
-  for (int d = 0; d < nb; ++d) {
-    if (batch[d] == 1) continue;
-    const Dim cur{batch[d], sa[d], sb[d], sc[d]};
-    if (!dims.empty()) {
-      Dim& p = dims.back();
-      if (p.a == cur.a * cur.n && p.b == cur.b * cur.n && p.c == cur.c * cur.n && (cur.c != 0) == (p.c != 0)) {
-        p = {p.n * cur.n, cur.a, cur.b, cur.c};
-        continue;
-      }
-    }
-    dims.push_back(cur);
-  }
-  const bool reduces = std::any_of(dims.begin(), dims.end(), [](const Dim& d) { return d.c == 0; });
-  // Without reductions the innermost batch dim is one strided-batched call; the others loop on the host.
-  // With reductions every matrix product is its own call, accumulating (beta = 1) after the first.
-  Dim inner{1, 0, 0, 0};
-  if (!reduces && !dims.empty()) {
-    inner = dims.back();
-    dims.pop_back();
-  }
-  g.batch = inner.n;
-  g.sa = inner.a;
-  g.sb = inner.b;
-  g.sc = inner.c;
-  std::int64_t outer = 1;
-  for (const Dim& d : dims) outer *= d.n;
-  std::vector<std::int64_t> idx(dims.size(), 0);
-  for (std::int64_t it = 0; it < outer; ++it) {
-    std::int64_t oa = 0, ob = 0, oc = 0;
-    bool first = true;
-    for (std::size_t d = 0; d < dims.size(); ++d) {
-      oa += idx[d] * dims[d].a;
-      ob += idx[d] * dims[d].b;
-      oc += idx[d] * dims[d].c;
-      if (dims[d].c == 0 && idx[d] != 0) first = false;
-    }
+  // Batch dims as strided-batched calls (detail::plan_batches, tested on the CPU); reduced dims accumulate.
+  const detail::BatchPlan plan = detail::plan_batches(batch, sa, sb, sc);
+  g.batch = plan.inner.n;
+  g.sa = plan.inner.a;
+  g.sb = plan.inner.b;
+  g.sc = plan.inner.c;
+  plan.for_each([&](std::int64_t oa, std::int64_t ob, std::int64_t oc, bool first) {
     run_gemm<T, T>(g, a + oa, b + ob, c + oc, 1.0, first ? 0.0 : 1.0);
-    for (int d = static_cast<int>(dims.size()) - 1; d >= 0; --d) {  // row-major increment
-      if (++idx[static_cast<std::size_t>(d)] < dims[static_cast<std::size_t>(d)].n) break;
-      idx[static_cast<std::size_t>(d)] = 0;
-    }
-  }
+  });
 }
 
 template <class T>
