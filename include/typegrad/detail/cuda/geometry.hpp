@@ -20,6 +20,7 @@ struct Geo {
   std::int64_t st[3][kMaxDims] = {};
   /// Offset in stride set s of row-major linear index i.
   TG_HOST_DEVICE TG_INLINE std::int64_t offset(std::int64_t i, int s) const {
+    if (nd == 1) return i * st[s][0];  // i < size[0]: no division (contiguous and merged operands)
     std::int64_t off = 0;
     for (int d = nd - 1; d >= 0; --d) {
       const std::int64_t q = i / size[d];
