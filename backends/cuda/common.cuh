@@ -1,6 +1,6 @@
-// Helpers shared by the CUDA kernels: strided index geometry passed by value, grid sizing, fp32 widening of
-// 16-bit storage, block reductions, and a scoped workspace from the caching device allocator.
-//   const Geo g = make_geo(shape, strides);   // in a kernel: g.offset(linear_index)
+// Helpers shared by the CUDA kernels: grid sizing, deterministic warp/block reductions, and a scoped
+// workspace from the caching device allocator (the index geometry is detail/cuda/geometry.hpp).
+//   const float s = block_sum(v, shm);          // every thread of the block gets the same sum
 //   Workspace ws(bytes);  float* p = ws.as<float>();
 #pragma once
 
@@ -22,15 +22,6 @@ namespace tg::backend::cuda::detail {
 /// The accumulation type of storage type T on the device (double for fp64, else float).
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <class A, class T>
-__device__ __forceinline__ A load(const T* p) {
-  return scalar_cast<A>(*p);
-}
-template <class T, class A>
-__device__ __forceinline__ void store(T* p, A v) {
-  *p = scalar_cast<T>(v);
-}
 
 constexpr int kThreads = 256;
 /// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
