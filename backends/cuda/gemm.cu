@@ -14,7 +14,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <array>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -86,6 +88,34 @@ struct Gemm {
   std::int64_t lda = 1, ldb = 1, ldc = 1;
   std::int64_t sa = 0, sb = 0, sc = 0, batch = 1;  // batch strides in elements
 };
+
+// Note [cached GEMM algorithms]
+// cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time; a training step issues the same
+// few hundred GEMM configurations every step. The key holds every input of the descriptors and preferences
+// (types, ops, sizes, leading dims, batch strides and count, operand alignments, the bias epilogue), so a
+// cached algorithm is exactly the heuristic's answer for that call.
+using AlgoKey = std::array<std::int64_t, 19>;
+struct AlgoEntry {
+  cublasLtMatmulHeuristicResult_t result;
+  int found;
+};
+std::mutex g_algo_mu;
+std::map<AlgoKey, AlgoEntry>& algo_cache() {
+  static std::map<AlgoKey, AlgoEntry> cache;
+  return cache;
+}
+bool cached_algo(const AlgoKey& key, cublasLtMatmulHeuristicResult_t& result, int& found) {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  const auto it = algo_cache().find(key);
+  if (it == algo_cache().end()) return false;
+  result = it->second.result;
+  found = it->second.found;
+  return true;
+}
+void store_algo(const AlgoKey& key, const cublasLtMatmulHeuristicResult_t& result, int found) {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  algo_cache()[key] = AlgoEntry{result, found};
+}
 
 template <class T>
 __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_t N, std::int64_t ldc) {
@@ -170,9 +200,17 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al2, sizeof al2));
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc));
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc));
-    // "no algorithm" is an answer here, not an error: the cuBLAS path below takes any layout
-    if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
-      found = 0;
+    // The heuristic's answer depends only on the descriptors and alignments, so it is asked once per
+    // configuration (Note [cached GEMM algorithms]). "No algorithm" is an answer here, not an error: the
+    // cuBLAS path below takes any layout.
+    const AlgoKey key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
+                         static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
+                         bias != nullptr};
+    if (!cached_algo(key, result, found)) {
+      if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+      store_algo(key, result, found);
+    }
     if (found > 0)
       TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo, h.workspace,
                                      kLtWorkspace, /*stream=*/0));
