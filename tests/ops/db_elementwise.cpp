@@ -190,7 +190,7 @@ OpEntry dropout_entry() {
 // ---- masked_fill: index input 0 is the mask (drawn in {0, 1}), args = {value} -------------------------
 OpEntry masked_fill_entry() {
   OpEntry e = make_entry("masked_fill", [](const auto& x, const I& idx, const Sample& s) {
-    return tg::masked_fill(x[0], idx[0].template to<std::uint8_t>(), s.args[0]);
+    return tg::masked_fill(x[0], on_device_of(x[0], idx[0].template to<std::uint8_t>()), s.args[0]);
   });
   // Fill values are exactly representable in bf16 and fp16, so every precision is exact.
   e.sample("same_shape", {{{3, 7}}}, {IndexSpec{{3, 7}, 0, 2}}, {-3.0})
@@ -220,7 +220,7 @@ OpEntry masked_fill_entry() {
 // finite-difference objective is -inf); masked_fill's gradients are checked above.
 OpEntry causal_mask_entry() {
   OpEntry e = make_entry("causal_mask", [](const auto& x, const I&, const Sample&) {
-    return tg::masked_fill(x[0], tg::causal_mask(x[0].size(-1)), -INFINITY);
+    return tg::masked_fill(x[0], tg::causal_mask<device_of<decltype(x[0])>>(x[0].size(-1)), -INFINITY);
   });
   e.sample("batched", {{{2, 5, 5}}}).sample("one", {{{1, 1}}}).sample("transposed", {{{7, 7}, L::transposed}});
   e.reference([](const X& x, const I&, const Sample&) {
@@ -275,8 +275,8 @@ OpEntry concat_entry() {
 }
 
 // ---- split: args = {dim, piece, mode (0: sizes, 1: chunk), sizes... or chunk} ------------------------
-template <class T>
-std::vector<Tensor<T>> split_by_args(const Tensor<T>& x, const Sample& s) {
+template <class T, class D>
+std::vector<Tensor<T, D>> split_by_args(const Tensor<T, D>& x, const Sample& s) {
   const auto dim = static_cast<std::int64_t>(s.args[0]);
   if (s.args[2] != 0) return tg::split(x, static_cast<std::int64_t>(s.args[3]), dim);
   std::vector<std::int64_t> sizes;

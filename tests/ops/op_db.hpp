@@ -44,8 +44,8 @@ struct Sample {
   std::vector<double> args;  // op parameters (dims, eps, probabilities...), read by the entry's lambdas
 };
 
-template <class T>
-using OpFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&, const std::vector<Tensor<std::int64_t>>&, const Sample&)>;
+template <class T, class D = cpu>
+using OpFn = std::function<Tensor<T, D>(const std::vector<Tensor<T, D>>&, const std::vector<Tensor<std::int64_t>>&, const Sample&)>;
 /// The plain reference: loops in fp64 over contiguous inputs (no typegrad ops).
 using RefFn = std::function<Tensor<double>(const std::vector<Tensor<double>>&, const std::vector<Tensor<std::int64_t>>&,
                                            const Sample&)>;
@@ -72,6 +72,10 @@ struct OpEntry {
   OpFn<fp32> f32;
   OpFn<bf16> bf;
   OpFn<fp16> h;
+  // The same op on CUDA tensors (index inputs stay on the host), for the CPU-vs-CUDA tests.
+  OpFn<fp32, cuda> cuda32;
+  OpFn<bf16, cuda> cuda_bf;
+  OpFn<fp16, cuda> cuda_h;
   RefFn ref;
   Tolerances tol;
   std::vector<ErrorCase> errors;
@@ -100,8 +104,9 @@ struct OpEntry {
   }
 };
 
-/// One generic lambda `(const std::vector<Tensor<T>>&, const std::vector<Tensor<int64_t>>&, const Sample&)`
-/// instantiated for every precision.
+/// One generic lambda `(const std::vector<Tensor<T, D>>&, const std::vector<Tensor<int64_t>>&, const Sample&)`
+/// instantiated for every precision on the CPU and for fp32 / bf16 / fp16 on CUDA (so it must be generic over
+/// the device too: see on_device_of).
 template <class F>
 OpEntry make_entry(std::string name, F op) {
   OpEntry e;
@@ -110,6 +115,9 @@ OpEntry make_entry(std::string name, F op) {
   e.f32 = op;
   e.bf = op;
   e.h = op;
+  e.cuda32 = op;
+  e.cuda_bf = op;
+  e.cuda_h = op;
   return e;
 }
 
@@ -121,6 +129,15 @@ struct Registrar {
 #define TG_OPDB_CAT2(a, b) a##b
 #define TG_OPDB_CAT(a, b) TG_OPDB_CAT2(a, b)
 #define TG_REGISTER_OP(entry) static const ::tg::testing::Registrar TG_OPDB_CAT(tg_opdb_, __LINE__){entry}
+
+/// `t` (a host tensor) on the device of `like`: for entries whose lambdas build extra tensors (masks).
+template <class T, class D, class U>
+Tensor<U, D> on_device_of(const Tensor<T, D>&, const Tensor<U, cpu>& t) {
+  if constexpr (std::is_same_v<D, cpu>) return t;
+  else return t.template to<D>();
+}
+template <class X>
+using device_of = typename std::decay_t<X>::device_type;
 
 // ---- helpers for references --------------------------------------------------------------------
 /// Contiguous fp64 copy's raw data.

@@ -1,6 +1,7 @@
 // Generic typed tests over the op database (op_db.hpp): forward vs the fp64 reference in every precision,
-// central finite-difference gradcheck in fp64, fp32/bf16/fp16 gradients vs fp64 gradients, error
-// messages, and a coverage check that every op recorded by the library has an entry.
+// central finite-difference gradcheck in fp64, fp32/bf16/fp16 gradients vs fp64 gradients, CUDA vs CPU
+// (forward and gradients, fp32/bf16/fp16; skipped without a GPU), error messages, and a coverage check
+// that every op recorded by the library has an entry.
 // Tests are registered one per (op, sample, check, precision), so CTest names say what failed.
 #include <gtest/gtest.h>
 
@@ -51,12 +52,13 @@ Tensor<double> base_values(const OpEntry& e, const Sample& s, std::size_t k) {
   return Tensor<double>::uniform(spec.shape, static_cast<float>(spec.lo), static_cast<float>(spec.hi), gen);
 }
 
-/// Lays `base` (contiguous) out as spec.layout asks, in precision T, as a fresh leaf.
-template <class T>
-Tensor<T> lay_out(const Tensor<double>& base, const InputSpec& spec) {
-  const Tensor<T> c = base.to<T>().detach();
+/// Lays `base` (contiguous) out as spec.layout asks, in precision T on device D, as a fresh leaf (on CUDA
+/// the views are rebuilt there, so device kernels see the same strides as the CPU's).
+template <class T, class D = cpu>
+Tensor<T, D> lay_out(const Tensor<double>& base, const InputSpec& spec) {
+  const Tensor<T, D> c = on_device_of(Tensor<T, D>(), base.to<T>().detach()).detach();
   if (spec.layout == InputSpec::Layout::transposed && c.dim() >= 2) {
-    const Tensor<T> stored = c.transpose(-1, -2).contiguous_raw();  // storage with the last two dims swapped
+    const Tensor<T, D> stored = c.transpose(-1, -2).contiguous_raw();  // storage with the last two dims swapped
     Shape sz = stored.shape(), st = stored.strides();
     std::swap(sz[sz.size() - 1], sz[sz.size() - 2]);
     std::swap(st[st.size() - 1], st[st.size() - 2]);
@@ -65,10 +67,10 @@ Tensor<T> lay_out(const Tensor<double>& base, const InputSpec& spec) {
   if (spec.layout == InputSpec::Layout::strided && c.dim() >= 1) {
     Shape wide = c.shape();
     wide[wide.size() - 1] *= 2;
-    Tensor<T> storage = Tensor<T>::full(wide, 1e9);  // garbage in the gaps: a kernel reading them fails loudly
+    Tensor<T, D> storage = Tensor<T, D>::full(wide, 1e9);  // garbage in the gaps: a kernel reading them fails loudly
     Shape st = contiguous_strides(wide);
     st[st.size() - 1] = 2;
-    Tensor<T> view = storage.as_strided_raw(c.shape(), st, 0);
+    Tensor<T, D> view = storage.as_strided_raw(c.shape(), st, 0);
     detail::copy_tensor(c, view);
     return view;
   }
@@ -112,10 +114,10 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
                           << " (atol " << tol.atol << ", rtol " << tol.rtol << ")";
 }
 
-template <class T>
-std::vector<Tensor<T>> inputs_in(const OpEntry& e, const Sample& s) {
-  std::vector<Tensor<T>> xs;
-  for (std::size_t k = 0; k < s.inputs.size(); ++k) xs.push_back(lay_out<T>(base_values(e, s, k), s.inputs[k]));
+template <class T, class D = cpu>
+std::vector<Tensor<T, D>> inputs_in(const OpEntry& e, const Sample& s) {
+  std::vector<Tensor<T, D>> xs;
+  for (std::size_t k = 0; k < s.inputs.size(); ++k) xs.push_back(lay_out<T, D>(base_values(e, s, k), s.inputs[k]));
   return xs;
 }
 /// The T-rounded inputs, back in fp64 (so the reference sees exactly what the op saw).
@@ -218,6 +220,68 @@ void check_grad_precision(const OpEntry& e, const Sample& s) {
                  e.name + "/" + s.name + " gradient " + std::to_string(k) + " in " + std::string(dtype_traits<T>::name));
 }
 
+// ---- CUDA vs CPU -------------------------------------------------------------------------------------
+// Note [CPU-vs-CUDA tolerances]
+// Both backends compute in accum_t<T> (fp32 for 16-bit storage) and round once on store, so they differ
+// only by summation order and libm-vs-CUDA-math ulps. Each is within the entry's tolerance of the fp64
+// reference, so their distance is within twice that: the CUDA tests use 2x the entry's per-precision
+// tolerances (exact entries, such as masked_fill, stay exact; dropout masks must agree bit for bit).
+template <class T>
+const OpFn<T, cuda>& cuda_fn_for(const OpEntry& e) {
+  if constexpr (std::is_same_v<T, fp32>) return e.cuda32;
+  else if constexpr (std::is_same_v<T, bf16>) return e.cuda_bf;
+  else return e.cuda_h;
+}
+Tol doubled(Tol t) { return {2 * t.atol, 2 * t.rtol}; }
+
+#define TG_SKIP_WITHOUT_GPU()                                                                          \
+  if (backend::cuda::device_count() == 0)                                                               \
+  GTEST_SKIP() << "no CUDA device (" << backend::cuda::device_description()                             \
+               << "): the CPU-vs-CUDA comparison runs only on a GPU machine (scripts/gpu-check.sh)"
+
+template <class T>
+void check_cuda_forward(const OpEntry& e, const Sample& s) {
+  TG_SKIP_WITHOUT_GPU();
+  const auto idx = make_indices(e, s);
+  const Tensor<T> want = fn_for<T>(e)(inputs_in<T>(e, s), idx, s);
+  const Tensor<T, cuda> got = cuda_fn_for<T>(e)(inputs_in<T, cuda>(e, s), idx, s);
+  ASSERT_EQ(got.shape(), want.shape()) << "output shape";
+  expect_close(got.template to<cpu>().template to<double>().to_vector(), want.template to<double>().to_vector(),
+               doubled(e.tol.fwd[precision_index<T>()]),
+               e.name + "/" + s.name + " CUDA vs CPU forward in " + std::string(dtype_traits<T>::name));
+}
+
+template <class T, class D>
+std::vector<std::vector<double>> grads_on(const OpEntry& e, const Sample& s, const OpFn<T, D>& f, const Tensor<double>& u) {
+  const auto idx = make_indices(e, s);
+  std::vector<Tensor<T, D>> xs = inputs_in<T, D>(e, s);
+  for (std::size_t k = 0; k < xs.size(); ++k)
+    if (s.inputs[k].differentiable) xs[k].requires_grad_();
+  const Tensor<T, D> out = f(xs, idx, s);
+  out.backward(on_device_of(out, u.to<T>().detach()));
+  std::vector<std::vector<double>> grads;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    if (!s.inputs[k].differentiable) continue;
+    const Tensor<T, D> g = xs[k].grad();
+    grads.push_back(g.defined() ? g.template to<cpu>().template to<double>().to_vector()
+                                : std::vector<double>(static_cast<std::size_t>(xs[k].numel()), 0.0));
+  }
+  return grads;
+}
+
+template <class T>
+void check_cuda_grad(const OpEntry& e, const Sample& s) {
+  TG_SKIP_WITHOUT_GPU();
+  const Tensor<double> u = upstream_for(e, s, output_shape(e, s));
+  const auto want = grads_on<T, cpu>(e, s, fn_for<T>(e), u);
+  const auto got = grads_on<T, cuda>(e, s, cuda_fn_for<T>(e), u);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t k = 0; k < got.size(); ++k)
+    expect_close(got[k], want[k], doubled(e.tol.grad[precision_index<T>()]),
+                 e.name + "/" + s.name + " CUDA vs CPU gradient " + std::to_string(k) + " in " +
+                     std::string(dtype_traits<T>::name));
+}
+
 void check_errors(const OpEntry& e) {
   for (const auto& c : e.errors) {
     bool threw = false;
@@ -252,6 +316,7 @@ void check_coverage() {
   for (const auto& e : op_db()) {
     EXPECT_FALSE(e.samples.empty()) << e.name << " has no samples";
     EXPECT_TRUE(static_cast<bool>(e.ref)) << e.name << " has no reference";
+    EXPECT_TRUE(e.cuda32 && e.cuda_bf && e.cuda_h) << e.name << " has no CUDA form (build entries with make_entry)";
   }
 }
 
@@ -283,6 +348,14 @@ void register_all() {
         add_test(suite, s.name + "_grad_fp32", [&e, &s] { check_grad_precision<fp32>(e, s); });
         add_test(suite, s.name + "_grad_bf16", [&e, &s] { check_grad_precision<bf16>(e, s); });
         add_test(suite, s.name + "_grad_fp16", [&e, &s] { check_grad_precision<fp16>(e, s); });
+      }
+      add_test(suite, s.name + "_cuda_forward_fp32", [&e, &s] { check_cuda_forward<fp32>(e, s); });
+      add_test(suite, s.name + "_cuda_forward_bf16", [&e, &s] { check_cuda_forward<bf16>(e, s); });
+      add_test(suite, s.name + "_cuda_forward_fp16", [&e, &s] { check_cuda_forward<fp16>(e, s); });
+      if (e.differentiable && any_diff) {
+        add_test(suite, s.name + "_cuda_grad_fp32", [&e, &s] { check_cuda_grad<fp32>(e, s); });
+        add_test(suite, s.name + "_cuda_grad_bf16", [&e, &s] { check_cuda_grad<bf16>(e, s); });
+        add_test(suite, s.name + "_cuda_grad_fp16", [&e, &s] { check_cuda_grad<fp16>(e, s); });
       }
     }
     if (!e.errors.empty()) add_test(suite, "errors", [&e] { check_errors(e); });

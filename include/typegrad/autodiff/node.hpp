@@ -54,13 +54,14 @@ void accumulate_grad(AutogradMeta<T, D>& meta, const Tensor<T, D>& g, const Shap
       backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
     }
   } else {
-    TG_CHECK(g.is_contiguous(), op, " backward: device gradients must be contiguous");
     if (!meta.grad.defined()) {
+      // Own the buffer, as on the CPU (a strided g is gathered by the CUDA strided copy).
       Tensor<T, D> owned = Tensor<T, D>::empty(shape);
-      backend::cuda::copy_device_to_device(owned.data(), g.data(), g.nbytes());
+      detail::copy_tensor(g, owned);
       meta.grad = std::move(owned);
     } else {
-      backend::cuda::add_inplace<T>(meta.grad.data(), g.data(), g.numel());
+      const Tensor<T, D> c = g.contiguous_raw();
+      backend::cuda::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
     }
   }
 }

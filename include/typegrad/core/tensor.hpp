@@ -20,6 +20,7 @@
 #include "typegrad/core/shape.hpp"
 #include "typegrad/core/storage.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
 
 namespace tg {
@@ -38,8 +39,8 @@ template <Element T, Device D>
 struct is_tensor<Tensor<T, D>> : std::true_type {};
 
 namespace detail {
-template <Element S, Element T>
-void copy_tensor(const Tensor<S, cpu>& src, const Tensor<T, cpu>& dst);
+template <Element S, Element T, Device D>
+void copy_tensor(const Tensor<S, D>& src, const Tensor<T, D>& dst);
 }
 
 template <Element T, Device D = cpu>
@@ -225,7 +226,6 @@ class Tensor {
   Tensor detach() const { return as_strided_raw(sizes_, strides_, offset_); }
   Tensor contiguous_raw() const {
     if (is_contiguous()) return detach();
-    static_assert(std::is_same_v<D, cpu>, "contiguous copies of device tensors need the CUDA backend's strided copy");
     Tensor out = empty(sizes_);
     detail::copy_tensor(*this, out);
     return out;
@@ -252,10 +252,10 @@ class Tensor {
 };
 
 namespace detail {
-template <Element S, Element T>
-void copy_tensor(const Tensor<S, cpu>& src, const Tensor<T, cpu>& dst) {
+template <Element S, Element T, Device D>
+void copy_tensor(const Tensor<S, D>& src, const Tensor<T, D>& dst) {
   TG_CHECK(src.shape() == dst.shape(), "copy: shapes differ: src is ", src.shape(), ", dst is ", dst.shape());
-  backend::cpu::copy_strided<S, T>(src.data(), src.strides(), dst.data(), dst.strides(), src.shape());
+  TG_BACKEND(D, copy_strided<S, T>(src.data(), src.strides(), dst.data(), dst.strides(), src.shape()));
 }
 }  // namespace detail
 

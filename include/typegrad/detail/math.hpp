@@ -116,3 +116,39 @@ TG_HOST_DEVICE TG_INLINE A grad(Unary op, A x, A y) {
 TG_HOST_DEVICE TG_INLINE bool dropout_keep(float u, float p) { return u >= p; }
 
 }  // namespace tg::math
+
+// ---- optimizer element updates (backends/cpu/optim.cpp's Adam loop, and the CUDA multi-tensor kernel) -------
+namespace tg::math {
+
+/// Per-step Adam constants, computed in fp64 and rounded once to T (Note [optimizer scalars]).
+template <class T>
+struct AdamConsts {
+  T step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd, decay;
+  bool l2, decoupled;
+};
+/// decoupled: AdamW (p *= 1 - lr·wd before the update); else Adam with L2 (g += wd·p). step >= 1.
+template <class T>
+inline AdamConsts<T> adam_consts(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                                 long long step) {
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  return {static_cast<T>(lr / bc1),       static_cast<T>(std::sqrt(bc2)), static_cast<T>(beta1),
+          static_cast<T>(beta2),          static_cast<T>(1.0 - beta1),    static_cast<T>(1.0 - beta2),
+          static_cast<T>(eps),            static_cast<T>(weight_decay),   static_cast<T>(1.0 - lr * weight_decay),
+          !decoupled && weight_decay != 0.0, decoupled && weight_decay != 0.0};
+}
+/// One element of Adam / AdamW: m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr/bc1 · m / (√v/√bc2 + ε).
+template <class T>
+TG_HOST_DEVICE TG_INLINE void adam_update(T& p, T g, T& m, T& v, const AdamConsts<T>& c) {
+  if (c.decoupled) p = p * c.decay;
+  if (c.l2) g = g + c.wd * p;
+  m = m * c.b1 + c.one_b1 * g;
+  v = v * c.b2 + c.one_b2 * g * g;
+  const T denom = std::sqrt(v) / c.bc2_sqrt + c.eps;
+  p = p - c.step_size * m / denom;
+}
+
+/// Finite (not inf, not NaN) without relying on libm: x - x is 0 exactly for finite x, NaN otherwise.
+TG_HOST_DEVICE TG_INLINE bool is_finite(float x) { return x - x == 0.0f; }
+
+}  // namespace tg::math

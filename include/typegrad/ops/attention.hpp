@@ -32,23 +32,22 @@ void check_attention(const Tensor<T, D>& q, const Tensor<T, D>& k, const Tensor<
 /// softmax(q·kᵀ / sqrt(hs) + causal mask) · v, fused; parallel over (B·H, query blocks).
 template <FloatingElement T, Device D>
 Tensor<T, D> causal_attention(const Tensor<T, D>& q, const Tensor<T, D>& k, const Tensor<T, D>& v) {
-  static_assert(std::is_same_v<D, cpu>, "causal_attention: only the CPU backend implements it so far");
   detail::check_attention(q, k, v, "causal_attention");
   const std::int64_t B = q.shape()[0], H = q.shape()[1], Tn = q.shape()[2], hs = q.shape()[3];
   const double scale = hs ? 1.0 / std::sqrt(static_cast<double>(hs)) : 1.0;
   const Tensor<T, D> qc = q.contiguous_raw(), kc = k.contiguous_raw(), vc = v.contiguous_raw();
   Tensor<T, D> out = Tensor<T, D>::empty(q.shape());
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({B, H, Tn});
-  backend::cpu::attention_forward<T>(qc.data(), kc.data(), vc.data(), out.data(), lse.data(), B * H, Tn, hs, scale, true);
+  TG_BACKEND(D, attention_forward<T>(qc.data(), kc.data(), vc.data(), out.data(), lse.data(), B * H, Tn, hs, scale, true));
   autodiff::record("causal_attention", out,
                    detail::AttentionSaved<T, D>{qc.detach(), kc.detach(), vc.detach(), out.detach(), lse},
                    [B, H, Tn, hs, scale](detail::AttentionSaved<T, D>& s, const Tensor<T, D>& dout, auto) {
                      const Tensor<T, D> g = dout.contiguous_raw();
                      Tensor<T, D> dq = Tensor<T, D>::empty(s.q.shape()), dk = Tensor<T, D>::empty(s.q.shape()),
                                   dv = Tensor<T, D>::empty(s.q.shape());  // the kernel writes every element
-                     backend::cpu::attention_backward<T>(s.q.data(), s.k.data(), s.v.data(), s.out.data(), g.data(),
+                     TG_BACKEND(D, attention_backward<T>(s.q.data(), s.k.data(), s.v.data(), s.out.data(), g.data(),
                                                          s.lse.data(), dq.data(), dk.data(), dv.data(), B * H, Tn, hs,
-                                                         scale, true);
+                                                         scale, true));
                      return std::tuple{dq, dk, dv};
                    }, q, k, v);
   return out;

@@ -22,7 +22,7 @@ template <Element T, Device D>
 Tensor<T, D> binary_raw(math::Binary op, const Tensor<T, D>& a, const Tensor<T, D>& b, const char* name) {
   const Shape out_shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
-  backend::cpu::binary<T>(op, a.data(), broadcast_strides(a, out_shape), b.data(), broadcast_strides(b, out_shape), out.data(), out_shape);
+  TG_BACKEND(D, binary<T>(op, a.data(), broadcast_strides(a, out_shape), b.data(), broadcast_strides(b, out_shape), out.data(), out_shape));
   return out;
 }
 

@@ -96,8 +96,6 @@ struct ConcatSaved {
 /// d out / d x_k is the slice of dout at x_k's position.
 template <FloatingElement T, Device D>
 Tensor<T, D> concat(const std::vector<Tensor<T, D>>& xs, std::int64_t dim) {
-  static_assert(std::is_same_v<D, cpu>, "tg::concat: only the CPU backend has strided copies so far; "
-                                        "move the tensors with .to<tg::cpu>()");
   TG_CHECK(!xs.empty(), "concat: the list of tensors is empty");
   TG_CHECK(xs[0].defined(), "concat: tensor 0 is undefined");
   const Shape& s0 = xs[0].shape();

@@ -23,7 +23,6 @@ struct CrossEntropySaved {
 template <FloatingElement T, Device D>
 Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets,
                            std::int64_t ignore_index = -100) {
-  static_assert(std::is_same_v<D, cpu>, "cross_entropy: only the CPU backend implements it so far");
   TG_CHECK(logits.dim() == 2 || logits.dim() == 3, "cross_entropy: logits must be [N, V] or [B, T, V], got ",
            logits.shape());
   Shape want = logits.shape();
@@ -36,15 +35,15 @@ Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t
   const Tensor<T, D> lc = logits.contiguous_raw();
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
   std::int64_t count = 0;
-  const double total = backend::cpu::cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), rows, V, ignore_index, &count);
+  const double total = TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), rows, V, ignore_index, &count));
   Tensor<T, D> out = Tensor<T, D>::full(Shape(), count ? total / static_cast<double>(count) : std::nan(""));
   autodiff::record("cross_entropy", out, detail::CrossEntropySaved<T, D>{lc.detach(), tc, lse, count},
                    [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<T, D>& dout, auto) {
-                     const double g = scalar_cast<double>(dout.contiguous_raw().data()[0]);
+                     const double g = scalar_cast<double>(dout.item());
                      Tensor<T, D> dl = Tensor<T, D>::empty(s.logits.shape());
                      const double scale = s.count ? g / static_cast<double>(s.count) : 0.0;
-                     backend::cpu::cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), scale,
-                                                             dl.data(), rows, V, ignore_index);
+                     TG_BACKEND(D, cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), scale,
+                                                             dl.data(), rows, V, ignore_index));
                      return std::tuple{dl};
                    }, logits);
   return out;

@@ -26,19 +26,17 @@ struct DropoutSaved {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> dropout(const Tensor<T, D>& x, double p, Generator& gen, bool training = true) {
-  static_assert(std::is_same_v<D, cpu>, "tg::dropout: only the CPU backend has a dropout kernel so far; "
-                                        "move the tensor with .to<tg::cpu>()");
   TG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
   const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
-  backend::cpu::dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p);
+  TG_BACKEND(D, dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p));
   autodiff::record("dropout", out, DropoutSaved{seed, offset, p},
                    [](DropoutSaved& s, const Tensor<T, D>& dout, auto) {
                      // d/dx (keep · x / (1-p)) = keep / (1-p): the same kernel applied to dout
                      Tensor<T, D> din = Tensor<T, D>::empty(dout.shape());
-                     backend::cpu::dropout_forward<T>(dout.data(), dout.strides(), din.data(), dout.shape(), s.seed,
-                                                      s.offset, s.p);
+                     TG_BACKEND(D, dropout_forward<T>(dout.data(), dout.strides(), din.data(), dout.shape(), s.seed,
+                                                      s.offset, s.p));
                      return std::tuple{din};
                    }, x);
   return out;

@@ -25,7 +25,6 @@ inline void check_index_range(const Tensor<std::int64_t>& idx, std::int64_t n, c
 /// out[..., :] = weight[idx[...], :] for weight [V, C] and idx of any shape.
 template <FloatingElement T, Device D>
 Tensor<T, D> embedding(const Tensor<T, D>& weight, const Tensor<std::int64_t>& idx) {
-  static_assert(std::is_same_v<D, cpu>, "embedding: only the CPU backend implements it so far");
   TG_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.shape());
   const std::int64_t V = weight.shape()[0], C = weight.shape()[1];
   const Tensor<std::int64_t> ic = idx.contiguous_raw();
@@ -34,12 +33,12 @@ Tensor<T, D> embedding(const Tensor<T, D>& weight, const Tensor<std::int64_t>& i
   Shape out_shape = idx.shape();
   out_shape.push_back(C);
   Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
-  backend::cpu::embedding_forward<T>(wc.data(), ic.data(), out.data(), ic.numel(), C);
+  TG_BACKEND(D, embedding_forward<T>(wc.data(), ic.data(), out.data(), ic.numel(), C));  // indices stay on the host
   autodiff::record("embedding", out, detail::EmbeddingSaved{ic},
                    [V, C](detail::EmbeddingSaved& s, const Tensor<T, D>& dout, auto) {
                      const Tensor<T, D> g = dout.contiguous_raw();
                      Tensor<T, D> dw = Tensor<T, D>::empty({V, C});
-                     backend::cpu::embedding_backward<T>(g.data(), s.idx.data(), dw.data(), s.idx.numel(), V, C);
+                     TG_BACKEND(D, embedding_backward<T>(g.data(), s.idx.data(), dw.data(), s.idx.numel(), V, C));
                      return std::tuple{dw};
                    }, weight);
   return out;

@@ -30,8 +30,8 @@ auto norm_backward_fn(std::int64_t rows, std::int64_t n, bool with_bias) {
     if (need[0]) dx = Tensor<T, D>::empty(s.x.shape());
     if (need[1]) dw = Tensor<T, D>::empty(s.weight.shape());
     if (with_bias && need[with_bias ? 2 : 0]) db = Tensor<T, D>::empty(s.weight.shape());
-    backend::cpu::layernorm_backward<T>(s.x.data(), s.weight.data(), s.mean.defined() ? s.mean.data() : nullptr,
-                                        s.rstd.data(), g.data(), dx.data(), dw.data(), db.data(), rows, n);
+    TG_BACKEND(D, layernorm_backward<T>(s.x.data(), s.weight.data(), s.mean.defined() ? s.mean.data() : nullptr,
+                                        s.rstd.data(), g.data(), dx.data(), dw.data(), db.data(), rows, n));
     return std::pair{std::tuple{dx, dw}, db};
   };
 }
@@ -40,14 +40,13 @@ auto norm_backward_fn(std::int64_t rows, std::int64_t n, bool with_bias) {
 /// y = (x − mean) / sqrt(var + eps) · weight + bias over the last dim (biased variance).
 template <FloatingElement T, Device D>
 Tensor<T, D> layernorm(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<T, D>& bias, double eps = 1e-5) {
-  static_assert(std::is_same_v<D, cpu>, "layernorm: only the CPU backend implements it so far");
   detail::check_norm_param(x, weight, "layernorm", "weight");
   detail::check_norm_param(x, bias, "layernorm", "bias");
   const std::int64_t n = x.shape()[x.dim() - 1], rows = n ? x.numel() / n : 0;
   const Tensor<T, D> xc = x.contiguous_raw(), wc = weight.contiguous_raw(), bc = bias.contiguous_raw();
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty({rows}), rstd = Tensor<accum_t<T>, D>::empty({rows});
-  backend::cpu::layernorm_forward<T>(xc.data(), wc.data(), bc.data(), out.data(), mean.data(), rstd.data(), rows, n, eps);
+  TG_BACKEND(D, layernorm_forward<T>(xc.data(), wc.data(), bc.data(), out.data(), mean.data(), rstd.data(), rows, n, eps));
   autodiff::record("layernorm", out, detail::NormSaved<T, D>{xc.detach(), wc.detach(), mean, rstd},
                    [bwd = detail::norm_backward_fn<T, D>(rows, n, true)](detail::NormSaved<T, D>& s,
                                                                          const Tensor<T, D>& dout, auto need) {
@@ -60,13 +59,12 @@ Tensor<T, D> layernorm(const Tensor<T, D>& x, const Tensor<T, D>& weight, const 
 /// y = x / sqrt(mean(x²) + eps) · weight over the last dim.
 template <FloatingElement T, Device D>
 Tensor<T, D> rmsnorm(const Tensor<T, D>& x, const Tensor<T, D>& weight, double eps = 1e-6) {
-  static_assert(std::is_same_v<D, cpu>, "rmsnorm: only the CPU backend implements it so far");
   detail::check_norm_param(x, weight, "rmsnorm", "weight");
   const std::int64_t n = x.shape()[x.dim() - 1], rows = n ? x.numel() / n : 0;
   const Tensor<T, D> xc = x.contiguous_raw(), wc = weight.contiguous_raw();
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   Tensor<accum_t<T>, D> rstd = Tensor<accum_t<T>, D>::empty({rows});
-  backend::cpu::rmsnorm_forward<T>(xc.data(), wc.data(), out.data(), rstd.data(), rows, n, eps);
+  TG_BACKEND(D, rmsnorm_forward<T>(xc.data(), wc.data(), out.data(), rstd.data(), rows, n, eps));
   autodiff::record("rmsnorm", out, detail::NormSaved<T, D>{xc.detach(), wc.detach(), Tensor<accum_t<T>, D>(), rstd},
                    [bwd = detail::norm_backward_fn<T, D>(rows, n, false)](detail::NormSaved<T, D>& s,
                                                                           const Tensor<T, D>& dout, auto need) {

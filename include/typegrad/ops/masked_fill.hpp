@@ -19,8 +19,6 @@ struct MaskedFillSaved {
 /// d out / d x = !mask.
 template <FloatingElement T, Device D>
 Tensor<T, D> masked_fill(const Tensor<T, D>& x, const Tensor<std::uint8_t, D>& mask, double value) {
-  static_assert(std::is_same_v<D, cpu>, "tg::masked_fill: only the CPU backend has a masked_fill kernel so far; "
-                                        "move the tensors with .to<tg::cpu>()");
   TG_CHECK(mask.defined(), "masked_fill: the mask is an undefined tensor");
   bool fits = mask.dim() <= x.dim();
   for (int i = 0; fits && i < mask.dim(); ++i) {
@@ -30,12 +28,12 @@ Tensor<T, D> masked_fill(const Tensor<T, D>& x, const Tensor<std::uint8_t, D>& m
   TG_CHECK(fits, "masked_fill: the mask of shape ", mask.shape(), " cannot be broadcast to the input's shape ", x.shape());
   const Shape sm = detail::broadcast_strides(mask, x.shape());
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
-  backend::cpu::masked_fill<T>(x.data(), x.strides(), mask.data(), sm, scalar_cast<T>(value), out.data(), x.shape());
+  TG_BACKEND(D, masked_fill<T>(x.data(), x.strides(), mask.data(), sm, scalar_cast<T>(value), out.data(), x.shape()));
   autodiff::record("masked_fill", out, MaskedFillSaved<D>{mask.detach(), sm},
                    [](MaskedFillSaved<D>& s, const Tensor<T, D>& dout, auto) {
                      Tensor<T, D> din = Tensor<T, D>::empty(dout.shape());
-                     backend::cpu::masked_fill<T>(dout.data(), dout.strides(), s.mask.data(), s.mask_strides,
-                                                  scalar_cast<T>(0.0), din.data(), dout.shape());
+                     TG_BACKEND(D, masked_fill<T>(dout.data(), dout.strides(), s.mask.data(), s.mask_strides,
+                                                  scalar_cast<T>(0.0), din.data(), dout.shape()));
                      return std::tuple{din};
                    }, x);
   return out;

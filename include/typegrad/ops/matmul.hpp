@@ -56,12 +56,11 @@ Tensor<T, D> swap_last_two(const Tensor<T, D>& t) {
 /// that c_shape lacks or has as 1.
 template <Element T, Device D>
 Tensor<T, D> matmul_into(const Tensor<T, D>& a, const Tensor<T, D>& b, const Shape& batch, const Shape& c_shape) {
-  static_assert(std::is_same_v<D, cpu>, "matmul: only the CPU backend implements it so far");
   const Tensor<T, D> ga = gemm_ready(a), gb = gemm_ready(b);
   const std::int64_t M = ga.shape()[ga.dim() - 2], K = ga.shape()[ga.dim() - 1], N = gb.shape()[gb.dim() - 1];
   Tensor<T, D> c = Tensor<T, D>::empty(c_shape);
-  backend::cpu::matmul_strided<T>(ga.data(), matmul_strides(ga, batch), gb.data(), matmul_strides(gb, batch), c.data(),
-                                  reduce_strides(c_shape, batch), batch, M, N, K);
+  TG_BACKEND(D, matmul_strided<T>(ga.data(), matmul_strides(ga, batch), gb.data(), matmul_strides(gb, batch), c.data(),
+                                  reduce_strides(c_shape, batch), batch, M, N, K));
   return c;
 }
 
@@ -162,7 +161,6 @@ void check_linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, 
 template <Element T, Device D>
 Tensor<T, D> linear_impl(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>* bias, Tensor<T, D>& xr,
                          Tensor<T, D>& wr) {
-  static_assert(std::is_same_v<D, cpu>, "linear: only the CPU backend implements it so far");
   xr = linear_rows(x);
   wr = gemm_ready(w);
   const std::int64_t M = xr.shape()[0], K = xr.shape()[1], N = wr.shape()[0];
@@ -172,8 +170,8 @@ Tensor<T, D> linear_impl(const Tensor<T, D>& x, const Tensor<T, D>& w, const Ten
   return autodiff::region_kept_output<Tensor<T, D>>("linear", out_shape, [&] {
     Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
     const Tensor<T, D> bc = bias ? bias->contiguous_raw() : Tensor<T, D>();
-    backend::cpu::linear_forward<T>(xr.data(), xr.strides()[0], xr.strides()[1], wr.data(), wr.strides()[0],
-                                    wr.strides()[1], bias ? bc.data() : nullptr, out.data(), M, N, K);
+    TG_BACKEND(D, linear_forward<T>(xr.data(), xr.strides()[0], xr.strides()[1], wr.data(), wr.strides()[0],
+                                    wr.strides()[1], bias ? bc.data() : nullptr, out.data(), M, N, K));
     return out;
   });
 }
@@ -186,13 +184,13 @@ std::pair<Tensor<T, D>, Tensor<T, D>> linear_backward(const LinearSaved<T, D>& s
   Tensor<T, D> dx, dw;
   if (need_x) {
     dx = Tensor<T, D>::empty(x_shape);
-    backend::cpu::matmul_strided<T>(dy.data(), {N, 1}, s.weight.data(), {s.weight.strides()[0], s.weight.strides()[1]},
-                                    dx.data(), {K, 1}, Shape(), M, K, N);
+    TG_BACKEND(D, matmul_strided<T>(dy.data(), {N, 1}, s.weight.data(), {s.weight.strides()[0], s.weight.strides()[1]},
+                                    dx.data(), {K, 1}, Shape(), M, K, N));
   }
   if (need_w) {
     dw = Tensor<T, D>::empty({N, K});
-    backend::cpu::matmul_strided<T>(dy.data(), {1, N}, s.x.data(), {s.x.strides()[0], s.x.strides()[1]}, dw.data(),
-                                    {K, 1}, Shape(), N, K, M);
+    TG_BACKEND(D, matmul_strided<T>(dy.data(), {1, N}, s.x.data(), {s.x.strides()[0], s.x.strides()[1]}, dw.data(),
+                                    {K, 1}, Shape(), N, K, M));
   }
   return {dx, dw};
 }
@@ -212,7 +210,7 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Ten
                      if (need[2]) {  // db = Σ_rows dY
                        const std::int64_t N = s.weight.shape()[0];
                        db = Tensor<T, D>::empty({N});
-                       backend::cpu::reduce_sum<T>(dy.data(), db.data(), 1, s.x.shape()[0], N);
+                       TG_BACKEND(D, reduce_sum<T>(dy.data(), db.data(), 1, s.x.shape()[0], N));
                      }
                      return std::tuple{dx, dw, db};
                    }, x, weight, bias);

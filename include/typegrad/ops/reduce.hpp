@@ -49,7 +49,7 @@ Tensor<T, D> sum_keepdim_raw(const Tensor<T, D>& x, const std::vector<int>& dims
     Shape os = s;
     os[d] = 1;
     Tensor<T, D> next = Tensor<T, D>::empty(os);
-    backend::cpu::reduce_sum<T>(cur.data(), next.data(), outer, s[d], inner);
+    TG_BACKEND(D, reduce_sum<T>(cur.data(), next.data(), outer, s[d], inner));
     cur = next;
   }
   return cur;
@@ -90,8 +90,9 @@ template <Element T, Device D>
 Tensor<T, D> mean(const Tensor<T, D>& x, std::initializer_list<std::int64_t> dims = {}, bool keepdim = false)
   requires FloatingElement<T>;  // defined in ops/elementwise.hpp (sum times 1/n)
 
+template <Device D>
 struct MaxSaved {
-  Tensor<std::int64_t> argmax;  // index along each reduced dim, in the kept (size-1) layout
+  Tensor<std::int64_t, D> argmax;  // index along each reduced dim, in the kept (size-1) layout
 };
 
 /// Max over one dim; the gradient goes to the first maximal element.
@@ -108,21 +109,27 @@ Tensor<T, D> max(const Tensor<T, D>& x, std::int64_t dim, bool keepdim = false)
   Shape ks = x.shape();
   ks[d] = 1;
   Tensor<T, D> kept = Tensor<T, D>::empty(ks);
-  Tensor<std::int64_t> arg = Tensor<std::int64_t>::empty(ks);
-  backend::cpu::reduce_max<T>(c.data(), kept.data(), arg.data(), outer, x.shape()[d], inner);
+  Tensor<std::int64_t, D> arg = Tensor<std::int64_t, D>::empty(ks);
+  TG_BACKEND(D, reduce_max<T>(c.data(), kept.data(), arg.data(), outer, x.shape()[d], inner));
   const Shape out_shape = detail::reduced_shape(x.shape(), {d}, keepdim);
   Tensor<T, D> out = kept.as_strided_raw(out_shape, contiguous_strides(out_shape), 0);
-  autodiff::record("max", out, MaxSaved{arg},
-                   [in_shape = x.shape(), d, outer, inner](MaxSaved& s, const Tensor<T, D>& dout, auto) {
+  autodiff::record("max", out, MaxSaved<D>{arg},
+                   [in_shape = x.shape(), d, outer, inner](MaxSaved<D>& s, const Tensor<T, D>& dout, auto) {
                      const Tensor<T, D> g = dout.contiguous_raw();
-                     Tensor<T, D> din = Tensor<T, D>::zeros(in_shape);
-                     const std::int64_t n = in_shape[d];
-                     for (std::int64_t o = 0; o < outer; ++o)
-                       for (std::int64_t i = 0; i < inner; ++i) {
-                         const std::int64_t k = s.argmax.data()[o * inner + i];
-                         din.data()[(o * n + k) * inner + i] = g.data()[o * inner + i];
-                       }
-                     return std::tuple{din};
+                     if constexpr (std::is_same_v<D, cuda>) {
+                       Tensor<T, D> din = Tensor<T, D>::empty(in_shape);
+                       backend::cuda::max_backward<T>(g.data(), s.argmax.data(), din.data(), outer, in_shape[d], inner);
+                       return std::tuple{din};
+                     } else {
+                       Tensor<T, D> din = Tensor<T, D>::zeros(in_shape);
+                       const std::int64_t n = in_shape[d];
+                       for (std::int64_t o = 0; o < outer; ++o)
+                         for (std::int64_t i = 0; i < inner; ++i) {
+                           const std::int64_t k = s.argmax.data()[o * inner + i];
+                           din.data()[(o * n + k) * inner + i] = g.data()[o * inner + i];
+                         }
+                       return std::tuple{din};
+                     }
                    }, x);
   return out;
 }

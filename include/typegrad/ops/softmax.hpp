@@ -17,7 +17,6 @@ struct SoftmaxSaved {
 template <FloatingElement T, Device D>
 Tensor<T, D> softmax_forward_raw(const Tensor<T, D>& x, std::int64_t dim, bool log, const char* name, std::int64_t& rows,
                                  std::int64_t& n) {
-  static_assert(std::is_same_v<D, cpu>, "softmax: only the CPU backend implements it so far");
   const int d = wrap_dim(dim, x.dim(), name);
   TG_CHECK(x.dim() == 0 || d == x.dim() - 1, name, ": only the last dim is supported, got dim ", dim,
            " for a tensor of shape ", x.shape());
@@ -25,7 +24,7 @@ Tensor<T, D> softmax_forward_raw(const Tensor<T, D>& x, std::int64_t dim, bool l
   n = x.dim() ? x.shape()[x.dim() - 1] : 1;
   rows = n ? x.numel() / n : 0;
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
-  backend::cpu::softmax_forward<T>(xc.data(), out.data(), rows, n, log);
+  TG_BACKEND(D, softmax_forward<T>(xc.data(), out.data(), rows, n, log));
   return out;
 }
 
@@ -35,7 +34,7 @@ auto softmax_backward_fn(std::int64_t rows, std::int64_t n, bool log) {
   return [rows, n, log](SoftmaxSaved<T, D>& s, const Tensor<T, D>& dout, auto) {
     const Tensor<T, D> g = dout.contiguous_raw();
     Tensor<T, D> dx = Tensor<T, D>::empty(s.out.shape());
-    backend::cpu::softmax_backward<T>(s.out.data(), g.data(), dx.data(), rows, n, log);
+    TG_BACKEND(D, softmax_backward<T>(s.out.data(), g.data(), dx.data(), rows, n, log));
     return std::tuple{dx};
   };
 }

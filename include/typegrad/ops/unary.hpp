@@ -28,10 +28,8 @@ struct UnaryInputSaved {
 /// y = f(x), contiguous, no autodiff.
 template <FloatingElement T, Device D>
 Tensor<T, D> unary_raw(math::Unary op, const Tensor<T, D>& x) {
-  static_assert(std::is_same_v<D, cpu>, "tg unary ops: only the CPU backend has unary kernels so far; "
-                                        "move the tensor with .to<tg::cpu>()");
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
-  backend::cpu::unary_forward<T>(op, x.data(), x.strides(), out.data(), x.shape());
+  TG_BACKEND(D, unary_forward<T>(op, x.data(), x.strides(), out.data(), x.shape()));
   return out;
 }
 
@@ -41,7 +39,7 @@ Tensor<T, D> unary_grad_raw(math::Unary op, const Tensor<T, D>& saved, const Ten
   TG_CHECK(saved.shape() == dout.shape(), "unary backward: gradient shape ", dout.shape(), " does not match ",
            saved.shape());
   Tensor<T, D> din = Tensor<T, D>::empty(dout.shape());
-  backend::cpu::unary_backward<T>(op, saved.data(), saved.strides(), dout.data(), dout.strides(), din.data(), dout.shape());
+  TG_BACKEND(D, unary_backward<T>(op, saved.data(), saved.strides(), dout.data(), dout.strides(), din.data(), dout.shape()));
   return din;
 }
 

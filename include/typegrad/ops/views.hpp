@@ -210,16 +210,16 @@ auto Tensor<T, D>::to() const {
     if constexpr (std::is_same_v<X, D>) {
       return *this;
     } else {
-      // Host <-> device copy of the contiguous data (CPU-side contiguity first; device tensors are
-      // contiguous until the CUDA backend grows strided views). Recorded as "to": backward copies back.
+      // Host <-> device copy of the contiguous data (either side made contiguous first, by that side's
+      // strided copy). Recorded as "to": backward copies back.
       static_assert(std::is_same_v<D, cpu> || std::is_same_v<X, cpu>, "Tensor::to<Device>: one side must be the CPU");
       Tensor<T, X> out = Tensor<T, X>::empty(sizes_);
       if constexpr (std::is_same_v<D, cpu>) {
         const Tensor c = contiguous_raw();
         backend::cuda::copy_host_to_device(out.data(), c.data(), c.nbytes());
       } else {
-        TG_CHECK(is_contiguous(), "to<cpu>: device tensor must be contiguous");
-        backend::cuda::copy_device_to_host(out.data(), data(), nbytes());
+        const Tensor c = contiguous_raw();
+        backend::cuda::copy_device_to_host(out.data(), c.data(), c.nbytes());
       }
       if constexpr (FloatingElement<T>) {
         autodiff::record("to", out, detail::NoSaved{},

@@ -1,0 +1,149 @@
+// Elementwise CUDA kernels: strided copies and casts, binary ops with broadcasting, unary ops forward and
+// backward, dropout (the CPU's Philox stream, so masks match bit for bit) and masked_fill. The scalar
+// formulas are math::apply / math::grad / math::dropout_keep (detail/math.hpp), the functions the CPU
+// kernels call and the CPU tests cover; only indexing is new here. Kernels first, launchers after.
+#include "common.cuh"
+#include "typegrad/core/random.hpp"
+#include "typegrad/detail/cuda/kernels.hpp"
+
+namespace tg::backend::cuda {
+
+using detail::acc_t;
+using detail::Geo;
+using detail::kThreads;
+
+namespace {
+
+// ---- kernels --------------------------------------------------------------------------------------------
+template <class S, class T>
+__global__ void copy_kernel(const S* src, T* dst, std::int64_t n, Geo g) {
+  TG_GRID_STRIDE(i, n) dst[g.offset(i, 1)] = scalar_cast<T>(src[g.offset(i, 0)]);
+}
+template <class S, class T>
+__global__ void copy_contiguous_kernel(const S* src, T* dst, std::int64_t n) {
+  TG_GRID_STRIDE(i, n) dst[i] = scalar_cast<T>(src[i]);
+}
+
+template <class T>
+__global__ void binary_kernel(math::Binary op, const T* a, const T* b, T* out, std::int64_t n, Geo g) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(i, n) {
+    const A x = scalar_cast<A>(a[g.offset(i, 0)]), y = scalar_cast<A>(b[g.offset(i, 1)]);
+    out[i] = scalar_cast<T>(math::apply<A>(op, x, y));
+  }
+}
+
+template <class T>
+__global__ void unary_forward_kernel(math::Unary op, const T* x, T* y, std::int64_t n, Geo g) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(i, n) y[i] = scalar_cast<T>(math::apply<A>(op, scalar_cast<A>(x[g.offset(i, 0)])));
+}
+
+template <class T>
+__global__ void unary_backward_kernel(math::Unary op, const T* saved, const T* dy, T* dx, std::int64_t n, Geo g) {
+  using A = acc_t<T>;
+  const bool out_saved = math::uses_output(op);
+  TG_GRID_STRIDE(i, n) {
+    const A s = scalar_cast<A>(saved[g.offset(i, 0)]);
+    // the saved value goes in the slot math::grad reads (x or y), as on the CPU
+    const A d = out_saved ? math::grad<A>(op, A(0), s) : math::grad<A>(op, s, A(0));
+    dx[i] = scalar_cast<T>(scalar_cast<A>(dy[g.offset(i, 1)]) * d);
+  }
+}
+
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, std::int64_t n, Geo g, std::uint64_t seed, std::uint64_t offset,
+                               float p, acc_t<T> scale) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(i, n) {
+    const auto w = ::tg::detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
+    const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[0]), p);
+    y[i] = scalar_cast<T>(keep ? scalar_cast<A>(x[g.offset(i, 0)]) * scale : A(0));
+  }
+}
+
+template <class T>
+__global__ void masked_fill_kernel(const T* x, const std::uint8_t* mask, T value, T* y, std::int64_t n, Geo g) {
+  TG_GRID_STRIDE(i, n) y[i] = mask[g.offset(i, 1)] ? value : x[g.offset(i, 0)];
+}
+
+bool contiguous(const Shape& sizes, const Shape& strides) { return strides == contiguous_strides(sizes); }
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------------------
+template <class S, class T>
+void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& dst_strides, const Shape& sizes) {
+  const std::int64_t n = sizes.numel();
+  if (n == 0) return;
+  if (contiguous(sizes, src_strides) && contiguous(sizes, dst_strides)) {
+    copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads>>>(src, dst, n);
+  } else {
+    copy_kernel<S, T><<<detail::grid_for(n), kThreads>>>(src, dst, n, detail::make_geo(sizes, src_strides, dst_strides));
+  }
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shape& sb, T* out, const Shape& out_shape) {
+  const std::int64_t n = out_shape.numel();
+  if (n == 0) return;
+  binary_kernel<T><<<detail::grid_for(n), kThreads>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  unary_forward_kernel<T><<<detail::grid_for(n), kThreads>>>(op, x, y, n, detail::make_geo(shape, sx));
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy, const Shape& sdy, T* dx,
+                    const Shape& shape) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  unary_backward_kernel<T><<<detail::grid_for(n), kThreads>>>(op, saved, dy, dx, n, detail::make_geo(shape, ss, sdy));
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed, std::uint64_t offset,
+                     double p) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  // p and the scale rounded exactly as the CPU kernel rounds them
+  const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));
+  dropout_kernel<T><<<detail::grid_for(n), kThreads>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
+                                                       static_cast<float>(p), scale);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Shape& sm, T value, T* y,
+                 const Shape& shape) {
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  masked_fill_kernel<T><<<detail::grid_for(n), kThreads>>>(x, mask, value, y, n, detail::make_geo(shape, sx, sm));
+  TG_CUDA_LAUNCHED();
+}
+
+#define TG_INSTANTIATE(T)                                                                                        \
+  template void binary<T>(math::Binary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&);      \
+  template void unary_forward<T>(math::Unary, const T*, const Shape&, T*, const Shape&);                        \
+  template void unary_backward<T>(math::Unary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&); \
+  template void dropout_forward<T>(const T*, const Shape&, T*, const Shape&, std::uint64_t, std::uint64_t, double); \
+  template void masked_fill<T>(const T*, const Shape&, const std::uint8_t*, const Shape&, T, T*, const Shape&);
+TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
+#undef TG_INSTANTIATE
+
+// Every (source, destination) pair of the dtype master list, as on the CPU.
+#define TG_COPY_PAIR(S, T) template void copy_strided<S, T>(const S*, const Shape&, T*, const Shape&, const Shape&);
+#define TG_X(type, e, name, st) TG_CUDA_COPY_TARGETS(TG_COPY_PAIR, type)
+TG_FOR_EACH_DTYPE(TG_X)
+#undef TG_X
+#undef TG_COPY_PAIR
+
+}  // namespace tg::backend::cuda

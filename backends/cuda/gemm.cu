@@ -1,0 +1,404 @@
+// GEMMs on the GPU through cuBLASLt (cuBLAS's GemmEx when Lt offers no algorithm for a layout), for
+// matmul (batched, broadcast and reduced batch dims), linear (bias epilogue) and causal attention as a
+// composite: S = scale·QKᵀ (fp32 out), a masked-softmax kernel, O = P·V; backward recomputes P from lse.
+//
+// Note [row-major GEMMs on column-major cuBLAS]
+// typegrad's matrices are row-major. A row-major C[M,N] (row stride ldc) is the column-major C'[N,M]
+// with the same ld, and C = A·B is C' = B'·A'. A row-major operand given by backend::cpu::gemm_operand
+// as (Trans t, ld): t == N is the column-major [cols, rows] matrix with ld used as is (op N); t == T is
+// stored as the transpose, the column-major [rows, cols] matrix (op T). So cuBLAS's first operand is B
+// and its second is A, with their Trans flags unchanged.
+//
+// Precision: fp16/bf16 operands with fp32 compute and fp32 alpha/beta (CUBLAS_COMPUTE_32F); fp32 with
+// CUBLAS_COMPUTE_32F, or _FAST_TF32 after set_allow_tf32(true); fp64 with CUBLAS_COMPUTE_64F.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "common.cuh"
+#include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
+#include "typegrad/detail/cuda/kernels.hpp"
+
+#define TG_CUBLAS_CHECK(call)                                                                              \
+  do {                                                                                                     \
+    const cublasStatus_t tg_status_ = (call);                                                              \
+    if (tg_status_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      throw ::tg::Error("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #call, " failed: ",              \
+                        cublasGetStatusName(tg_status_), " (", cublasGetStatusString(tg_status_), ")");    \
+  } while (0)
+
+namespace tg::backend::cuda {
+
+using detail::acc_t;
+using Trans = ::tg::backend::cpu::Trans;
+
+namespace {
+
+std::atomic<bool> g_allow_tf32{false};
+
+// ---- handles and workspace (one device, created on first use) -----------------------------------------
+constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
+struct Blas {
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* workspace = nullptr;
+};
+Blas& blas() {
+  static Blas b;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    TG_CUBLAS_CHECK(cublasLtCreate(&b.lt));
+    TG_CUBLAS_CHECK(cublasCreate(&b.blas));
+    TG_CUDA_CHECK(cudaMalloc(&b.workspace, kLtWorkspace));  // lives as long as the process (not in allocator stats)
+  });
+  return b;
+}
+
+template <class T>
+constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  else if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  else if constexpr (std::is_same_v<T, fp16>) return CUDA_R_16F;
+  else return CUDA_R_16BF;
+}
+template <class T>
+cublasComputeType_t compute_type() {
+  if constexpr (std::is_same_v<T, double>) return CUBLAS_COMPUTE_64F;
+  else if constexpr (std::is_same_v<T, float>) return g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  else return CUBLAS_COMPUTE_32F;
+}
+
+/// Largest power of two (up to 256) dividing the address and the batch stride in bytes.
+std::uint32_t alignment(const void* p, std::int64_t stride_bytes) {
+  std::uint64_t a = reinterpret_cast<std::uintptr_t>(p) | 256u;
+  if (stride_bytes) a |= static_cast<std::uint64_t>(stride_bytes);
+  return static_cast<std::uint32_t>(a & (~a + 1));
+}
+
+/// One row-major (batched, strided) GEMM: C[M,N] = alpha·A[M,K]·B[K,N] + beta·C (+ bias[N]). A and B of
+/// element type T given by (Trans, ld, batch stride); C of element type TC with column stride 1.
+struct Gemm {
+  std::int64_t M = 0, N = 0, K = 0;
+  Trans ta = Trans::N, tb = Trans::N;
+  std::int64_t lda = 1, ldb = 1, ldc = 1;
+  std::int64_t sa = 0, sb = 0, sc = 0, batch = 1;  // batch strides in elements
+};
+
+// Note [cached GEMM algorithms]
+// cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time; a training step issues the same
+// few hundred GEMM configurations every step. The key holds every input of the descriptors and preferences
+// (types, ops, sizes, leading dims, batch strides and count, operand alignments, the bias epilogue), so a
+// cached algorithm is exactly the heuristic's answer for that call.
+using AlgoKey = std::array<std::int64_t, 19>;
+struct AlgoEntry {
+  cublasLtMatmulHeuristicResult_t result;
+  int found;
+};
+std::mutex g_algo_mu;
+std::map<AlgoKey, AlgoEntry>& algo_cache() {
+  static std::map<AlgoKey, AlgoEntry> cache;
+  return cache;
+}
+bool cached_algo(const AlgoKey& key, cublasLtMatmulHeuristicResult_t& result, int& found) {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  const auto it = algo_cache().find(key);
+  if (it == algo_cache().end()) return false;
+  result = it->second.result;
+  found = it->second.found;
+  return true;
+}
+void store_algo(const AlgoKey& key, const cublasLtMatmulHeuristicResult_t& result, int found) {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  algo_cache()[key] = AlgoEntry{result, found};
+}
+
+template <class T>
+__global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_t N, std::int64_t ldc) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(t, M * N) {
+    const std::int64_t m = t / N, n = t % N;
+    c[m * ldc + n] = scalar_cast<T>(scalar_cast<A>(c[m * ldc + n]) + scalar_cast<A>(bias[n]));
+  }
+}
+
+template <class T, class TC>
+void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double beta, const T* bias = nullptr) {
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+  if (g.K == 0) {  // C = beta·C; only beta = 0 occurs here
+    for (std::int64_t i = 0; i < g.batch; ++i)
+      TG_CUDA_CHECK(cudaMemset2DAsync(c + i * g.sc, static_cast<std::size_t>(g.ldc) * sizeof(TC), 0,
+                                      static_cast<std::size_t>(g.N) * sizeof(TC), static_cast<std::size_t>(g.M)));
+    if (bias) {
+      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads>>>(c, reinterpret_cast<const TC*>(bias), g.M, g.N, g.ldc);
+      TG_CUDA_LAUNCHED();
+    }
+    return;
+  }
+  static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
+  Blas& h = blas();
+  const cudaDataType_t ab_type = cuda_type<T>(), c_type = cuda_type<TC>();
+  const cublasComputeType_t ct = compute_type<T>();
+  const bool dbl = std::is_same_v<T, double>;
+  const cudaDataType_t scale_type = dbl ? CUDA_R_64F : CUDA_R_32F;
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const void* alpha_p = dbl ? static_cast<const void*>(&alpha) : static_cast<const void*>(&alpha_f);
+  const void* beta_p = dbl ? static_cast<const void*>(&beta) : static_cast<const void*>(&beta_f);
+  const cublasOperation_t op1 = g.tb == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // cuBLAS's A is our B
+  const cublasOperation_t op2 = g.ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;  // cuBLAS's B is our A
+  // stored column-major shapes (Note [row-major GEMMs on column-major cuBLAS])
+  const std::uint64_t r1 = g.tb == Trans::N ? g.N : g.K, c1 = g.tb == Trans::N ? g.K : g.N;
+  const std::uint64_t r2 = g.ta == Trans::N ? g.K : g.M, c2 = g.ta == Trans::N ? g.M : g.K;
+
+  // A broadcast operand (batch stride 0) goes straight to cuBLAS, whose strided-batched GEMM documents
+  // stride 0; everything else asks cuBLASLt first.
+  const bool broadcast_batch = g.batch > 1 && (g.sa == 0 || g.sb == 0);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t l1 = nullptr, l2 = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  auto cleanup = [&] {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (l2) cublasLtMatrixLayoutDestroy(l2);
+    if (l1) cublasLtMatrixLayoutDestroy(l1);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  };
+  if (!broadcast_batch) try {
+    TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_type));
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;  // adds bias[row of C'] = bias[n]
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type, sizeof c_type));
+    }
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l1, ab_type, r1, c1, g.ldb));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l2, ab_type, r2, c2, g.lda));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, static_cast<std::uint64_t>(g.N), static_cast<std::uint64_t>(g.M), g.ldc));
+    if (g.batch > 1) {
+      const std::int32_t count = static_cast<std::int32_t>(g.batch);
+      const std::int64_t s1 = g.sb, s2 = g.sa, s3 = g.sc;
+      for (auto [l, s] : {std::pair{l1, s1}, std::pair{l2, s2}, std::pair{lc, s3}}) {
+        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
+      }
+    }
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = kLtWorkspace;
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const std::uint32_t al1 = alignment(b, g.sb * static_cast<std::int64_t>(sizeof(T))),
+                        al2 = alignment(a, g.sa * static_cast<std::int64_t>(sizeof(T))),
+                        alc = alignment(c, g.sc * static_cast<std::int64_t>(sizeof(TC)));
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al1, sizeof al1));
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al2, sizeof al2));
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc));
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc));
+    // The heuristic's answer depends only on the descriptors and alignments, so it is asked once per
+    // configuration (Note [cached GEMM algorithms]). "No algorithm" is an answer here, not an error: the
+    // cuBLAS path below takes any layout.
+    const AlgoKey key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
+                         static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
+                         bias != nullptr};
+    if (!cached_algo(key, result, found)) {
+      if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+      store_algo(key, result, found);
+    }
+    if (found > 0)
+      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo, h.workspace,
+                                     kLtWorkspace, /*stream=*/0));
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+  if (found > 0) return;
+
+  TG_CUBLAS_CHECK(cublasSetWorkspace(h.blas, h.workspace, kLtWorkspace));
+  TG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h.blas, op1, op2, static_cast<int>(g.N), static_cast<int>(g.M),
+                                             static_cast<int>(g.K), alpha_p, b, ab_type, static_cast<int>(g.ldb), g.sb, a,
+                                             ab_type, static_cast<int>(g.lda), g.sa, beta_p, c, c_type,
+                                             static_cast<int>(g.ldc), g.sc, static_cast<int>(g.batch), ct,
+                                             CUBLAS_GEMM_DEFAULT));
+  if (bias) {
+    for (std::int64_t i = 0; i < g.batch; ++i) {
+      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads>>>(c + i * g.sc, reinterpret_cast<const TC*>(bias),
+                                                                              g.M, g.N, g.ldc);
+      TG_CUDA_LAUNCHED();
+    }
+  }
+}
+
+/// (Trans, ld) of a row-major [rows, cols] operand with strides (rs, cs); throws when it needs a copy
+/// (the ops pass gemm_ready operands, so this is an internal error).
+void operand(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, Trans& t, std::int64_t& ld,
+             const char* what) {
+  TG_CHECK(::tg::backend::cpu::gemm_operand(rows, cols, rs, cs, t, ld), "cuda matmul: operand ", what, " [", rows, ",",
+           cols, "] with strides (", rs, ",", cs, ") is not a GEMM operand");
+}
+
+// ---- attention kernels ---------------------------------------------------------------------------------------
+/// Row r = (head, i) of S [BH·Tn, Tn] (already scaled): P = exp(S − lse) over j ≤ i (all j if !causal), 0 above.
+/// With `write_lse` the row's logsumexp is computed and stored; otherwise it is read.
+template <class T>
+__global__ void attention_probs_kernel(const acc_t<T>* s, T* p, acc_t<T>* lse, std::int64_t rows, std::int64_t Tn,
+                                       bool causal, bool write_lse) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::int64_t i = r % Tn, valid = causal ? i + 1 : Tn;
+    const A* sr = s + r * Tn;
+    T* pr = p + r * Tn;
+    A l;
+    if (write_lse) {
+      A m = -INFINITY;
+      for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = sr[j] > m ? sr[j] : m;
+      m = detail::block_max(m, shm);
+      A sum = 0;
+      for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += exp(sr[j] - m);
+      l = m + ::log(detail::block_sum(sum, shm));
+      if (threadIdx.x == 0) lse[r] = l;
+    } else {
+      l = lse[r];
+    }
+    for (std::int64_t j = threadIdx.x; j < Tn; j += blockDim.x) pr[j] = scalar_cast<T>(j < valid ? exp(sr[j] - l) : A(0));
+  }
+}
+
+/// dS = scale·P∘(dP − D_i), D_i = Σ_c dO[i, c]·O[i, c]; written over P (same element, same thread).
+template <class T>
+__global__ void attention_dscores_kernel(T* p, const acc_t<T>* dp, const T* out, const T* dout, std::int64_t rows,
+                                         std::int64_t Tn, std::int64_t hs, acc_t<T> scale) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    A d = 0;
+    for (std::int64_t c = threadIdx.x; c < hs; c += blockDim.x) d += scalar_cast<A>(dout[r * hs + c]) * scalar_cast<A>(out[r * hs + c]);
+    d = detail::block_sum(d, shm);
+    for (std::int64_t j = threadIdx.x; j < Tn; j += blockDim.x) {
+      const A pv = scalar_cast<A>(p[r * Tn + j]);
+      p[r * Tn + j] = scalar_cast<T>(scale * pv * (dp[r * Tn + j] - d));
+    }
+  }
+}
+
+unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<std::int64_t>(rows, 65535LL * 8)); }
+
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool allow_tf32() { return g_allow_tf32.load(); }
+
+// ---- matmul ---------------------------------------------------------------------------------------------------
+template <class T>
+void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T* c, const Shape& sc,
+                    const Shape& batch, std::int64_t M, std::int64_t N, std::int64_t K) {
+  const int nb = batch.size();
+  Gemm g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  operand(M, K, sa[nb], sa[nb + 1], g.ta, g.lda, "a");
+  operand(K, N, sb[nb], sb[nb + 1], g.tb, g.ldb, "b");
+  TG_CHECK(N <= 1 || sc[nb + 1] == 1, "cuda matmul: the output needs column stride 1");
+  g.ldc = std::max<std::int64_t>({sc[nb], N, 1});
+  // Batch dims as strided-batched calls (detail::plan_batches, tested on the CPU); reduced dims accumulate.
+  const detail::BatchPlan plan = detail::plan_batches(batch, sa, sb, sc);
+  g.batch = plan.inner.n;
+  g.sa = plan.inner.a;
+  g.sb = plan.inner.b;
+  g.sc = plan.inner.c;
+  plan.for_each([&](std::int64_t oa, std::int64_t ob, std::int64_t oc, bool first) {
+    run_gemm<T, T>(g, a + oa, b + ob, c + oc, 1.0, first ? 0.0 : 1.0);
+  });
+}
+
+template <class T>
+void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs, std::int64_t wcs,
+                    const T* bias, T* y, std::int64_t M, std::int64_t N, std::int64_t K) {
+  Gemm g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  operand(M, K, xrs, xcs, g.ta, g.lda, "x");
+  operand(K, N, wcs, wrs, g.tb, g.ldb, "weight");  // wᵀ [K, N] has strides (wcs, wrs)
+  g.ldc = std::max<std::int64_t>(N, 1);
+  run_gemm<T, T>(g, x, w, y, 1.0, 0.0, bias);
+}
+
+// ---- attention ------------------------------------------------------------------------------------------------
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* lse, std::int64_t BH, std::int64_t Tn,
+                       std::int64_t hs, double scale, bool causal) {
+  using A = acc_t<T>;
+  if (BH * Tn == 0) return;
+  const std::int64_t tt = Tn * Tn;
+  detail::Workspace ws(static_cast<std::size_t>(BH * tt) * sizeof(A)), wp(static_cast<std::size_t>(BH * tt) * sizeof(T));
+  A* s = ws.as<A>();
+  T* p = wp.as<T>();
+  Gemm g;  // S = scale·Q·Kᵀ per head: Q [Tn,hs] (N, ld hs), Kᵀ [hs,Tn] = K stored row-major (T, ld hs)
+  g.M = Tn; g.N = Tn; g.K = hs; g.ta = Trans::N; g.lda = std::max<std::int64_t>(hs, 1); g.tb = Trans::T; g.ldb = g.lda;
+  g.ldc = Tn; g.batch = BH; g.sa = Tn * hs; g.sb = Tn * hs; g.sc = tt;
+  run_gemm<T, A>(g, q, k, s, scale, 0.0);
+  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn)>>>(s, p, lse, BH * Tn, Tn, causal, true);
+  TG_CUDA_LAUNCHED();
+  Gemm o;  // O = P·V: P [Tn,Tn] (N, ld Tn), V [Tn,hs] (N, ld hs)
+  o.M = Tn; o.N = hs; o.K = Tn; o.ta = Trans::N; o.lda = Tn; o.tb = Trans::N; o.ldb = std::max<std::int64_t>(hs, 1);
+  o.ldc = o.ldb; o.batch = BH; o.sa = tt; o.sb = Tn * hs; o.sc = Tn * hs;
+  run_gemm<T, T>(o, p, v, out, 1.0, 0.0);
+}
+
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* dout, const accum_t<T>* lse, T* dq,
+                        T* dk, T* dv, std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
+  using A = acc_t<T>;
+  if (BH * Tn == 0) return;
+  const std::int64_t tt = Tn * Tn, th = Tn * hs, lh = std::max<std::int64_t>(hs, 1);
+  detail::Workspace ws(static_cast<std::size_t>(BH * tt) * sizeof(A)), wp(static_cast<std::size_t>(BH * tt) * sizeof(T));
+  A* s = ws.as<A>();
+  T* p = wp.as<T>();
+  auto gemm = [&](std::int64_t M, std::int64_t N, std::int64_t K, Trans ta, std::int64_t lda, std::int64_t sa, Trans tb,
+                  std::int64_t ldb, std::int64_t sb, std::int64_t ldc, std::int64_t sc) {
+    Gemm g;
+    g.M = M; g.N = N; g.K = K; g.ta = ta; g.lda = lda; g.sa = sa; g.tb = tb; g.ldb = ldb; g.sb = sb; g.ldc = ldc; g.sc = sc;
+    g.batch = BH;
+    return g;
+  };
+  // P again, from S = scale·QKᵀ and the saved lse
+  run_gemm<T, A>(gemm(Tn, Tn, hs, Trans::N, lh, th, Trans::T, lh, th, Tn, tt), q, k, s, scale, 0.0);
+  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn)>>>(s, p, const_cast<A*>(lse), BH * Tn, Tn,
+                                                                              causal, false);
+  TG_CUDA_LAUNCHED();
+  // dV = Pᵀ·dO
+  run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::T, Tn, tt, Trans::N, lh, th, lh, th), p, dout, dv, 1.0, 0.0);
+  // dP = dO·Vᵀ (fp32, over S)
+  run_gemm<T, A>(gemm(Tn, Tn, hs, Trans::N, lh, th, Trans::T, lh, th, Tn, tt), dout, v, s, 1.0, 0.0);
+  // dS = scale·P∘(dP − D), over P
+  attention_dscores_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(std::max(Tn, hs))>>>(
+      p, s, out, dout, BH * Tn, Tn, hs, static_cast<A>(scale));
+  TG_CUDA_LAUNCHED();
+  // dQ = dS·K, dK = dSᵀ·Q
+  run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::N, Tn, tt, Trans::N, lh, th, lh, th), p, k, dq, 1.0, 0.0);
+  run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::T, Tn, tt, Trans::N, lh, th, lh, th), p, q, dk, 1.0, 0.0);
+}
+
+#define TG_INSTANTIATE(T)                                                                                         \
+  template void matmul_strided<T>(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&,   \
+                                  std::int64_t, std::int64_t, std::int64_t);                                      \
+  template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,       \
+                                  const T*, T*, std::int64_t, std::int64_t, std::int64_t);                        \
+  template void attention_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t,     \
+                                     std::int64_t, double, bool);                                                 \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const accum_t<T>*, T*, T*,  \
+                                      T*, std::int64_t, std::int64_t, std::int64_t, double, bool);
+TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::backend::cuda

@@ -1,0 +1,371 @@
+// Row kernels of the nn ops on the GPU: softmax / log_softmax, layernorm / rmsnorm (forward and backward),
+// embedding, cross-entropy. One block per row of a contiguous [rows, n] block, math in accum_t<T> (fp32 for
+// 16-bit storage) with the CPU kernels' formulas (backends/cpu/nn.cpp); block reductions in a fixed order.
+// Column sums (dweight, dbias, embedding rows) are two-pass or per-row loops without atomics, so every
+// result is deterministic. Kernels first, launchers after.
+#include <vector>
+
+#include "common.cuh"
+#include "typegrad/detail/cuda/kernels.hpp"
+
+namespace tg::backend::cuda {
+
+using detail::acc_t;
+using detail::kThreads;
+
+namespace {
+
+constexpr unsigned kMaxRowBlocks = 65535u * 8u;
+unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<std::int64_t>(rows, kMaxRowBlocks)); }
+
+template <class A, class T>
+__device__ A row_max(const T* x, std::int64_t n, A* shm) {
+  A m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const A v = scalar_cast<A>(x[j]);
+    m = (v > m || v != v) ? v : m;
+  }
+  return detail::block_max(m, shm);
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------------
+template <class T>
+__global__ void softmax_forward_kernel(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const A m = row_max<A>(xr, n, shm);
+    A s = 0;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(scalar_cast<A>(xr[j]) - m);
+    s = detail::block_sum(s, shm);
+    if (log) {
+      const A ls = m + ::log(s);
+      for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
+    } else {
+      const A inv = A(1) / s;
+      for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = scalar_cast<T>(exp(scalar_cast<A>(xr[j]) - m) * inv);
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* yr = y + r * n;
+    const T* gr = dy + r * n;
+    T* dr = dx + r * n;
+    A s = 0;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x)
+      s += log ? scalar_cast<A>(gr[j]) : scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
+    s = detail::block_sum(s, shm);
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A g = scalar_cast<A>(gr[j]), yv = scalar_cast<A>(yr[j]);
+      dr[j] = scalar_cast<T>(log ? g - exp(yv) * s : yv * (g - s));
+    }
+  }
+}
+
+// ---- layernorm / rmsnorm ---------------------------------------------------------------------------------
+/// mean == nullptr: RMSNorm (no centring, no bias).
+template <class T>
+__global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean, acc_t<T>* rstd,
+                                    std::int64_t rows, std::int64_t n, acc_t<T> eps) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A mu = 0;
+    if (mean) {
+      A s = 0;
+      for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) s += scalar_cast<A>(xr[j]);
+      mu = detail::block_sum(s, shm) / static_cast<A>(n);
+    }
+    A v = 0;  // two passes: the variance of centred values does not cancel
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A d = scalar_cast<A>(xr[j]) - mu;
+      v += d * d;
+    }
+    const A rs = A(1) / sqrt(detail::block_sum(v, shm) / static_cast<A>(n) + eps);
+    if (threadIdx.x == 0) {
+      if (mean) mean[r] = mu;
+      rstd[r] = rs;
+    }
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A o = (scalar_cast<A>(xr[j]) - mu) * rs * scalar_cast<A>(w[j]);
+      yr[j] = scalar_cast<T>(b ? o + scalar_cast<A>(b[j]) : o);
+    }
+  }
+}
+
+/// dx = rstd·(g − mean(g) − x̂·mean(g∘x̂)), g = dy∘w (no mean(g) term for RMSNorm).
+template <class T>
+__global__ void norm_backward_dx_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy,
+                                        T* dx, std::int64_t rows, std::int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    const T* gr = dy + r * n;
+    const A mu = mean ? mean[r] : A(0), rs = rstd[r];
+    A mg = 0, mgx = 0;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A xh = (scalar_cast<A>(xr[j]) - mu) * rs;
+      const A g = scalar_cast<A>(gr[j]) * scalar_cast<A>(w[j]);
+      mg += g;
+      mgx += g * xh;
+    }
+    mg = mean ? detail::block_sum(mg, shm) / static_cast<A>(n) : A(0);
+    mgx = detail::block_sum(mgx, shm) / static_cast<A>(n);
+    T* dr = dx + r * n;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A xh = (scalar_cast<A>(xr[j]) - mu) * rs;
+      const A g = scalar_cast<A>(gr[j]) * scalar_cast<A>(w[j]);
+      dr[j] = scalar_cast<T>(rs * (g - mg - xh * mgx));
+    }
+  }
+}
+
+/// Stage 1 of dw / db: per chunk c of rows, pw[c, j] = Σ dy∘x̂, pb[c, j] = Σ dy.
+template <class T>
+__global__ void norm_backward_dwdb_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy,
+                                                  acc_t<T>* pw, acc_t<T>* pb, std::int64_t rows, std::int64_t n,
+                                                  std::int64_t chunks, std::int64_t chunk_len) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(t, chunks * n) {
+    const std::int64_t j = t % n, c = t / n;
+    const std::int64_t r0 = c * chunk_len, r1 = r0 + chunk_len < rows ? r0 + chunk_len : rows;
+    A aw = 0, ab = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const A g = scalar_cast<A>(dy[r * n + j]);
+      aw += g * (scalar_cast<A>(x[r * n + j]) - (mean ? mean[r] : A(0))) * rstd[r];
+      ab += g;
+    }
+    pw[t] = aw;
+    pb[t] = ab;
+  }
+}
+/// Stage 2: dw[j] = Σ_c pw[c, j], db[j] = Σ_c pb[c, j] in chunk order.
+template <class T>
+__global__ void norm_backward_dwdb_final_kernel(const acc_t<T>* pw, const acc_t<T>* pb, T* dw, T* db, std::int64_t n,
+                                                std::int64_t chunks) {
+  using A = acc_t<T>;
+  TG_GRID_STRIDE(j, n) {
+    A aw = 0, ab = 0;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      aw += pw[c * n + j];
+      ab += pb[c * n + j];
+    }
+    if (dw) dw[j] = scalar_cast<T>(aw);
+    if (db) db[j] = scalar_cast<T>(ab);
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------------------
+template <class T>
+__global__ void embedding_forward_kernel(const T* w, const std::int64_t* idx, T* out, std::int64_t n, std::int64_t C) {
+  TG_GRID_STRIDE(t, n * C) {
+    const std::int64_t i = t / C, j = t % C;
+    out[t] = w[idx[i] * C + j];
+  }
+}
+/// Row v of dw sums dout over positions order[start[v] .. start[v+1]) (ascending position order).
+template <class T>
+__global__ void embedding_backward_kernel(const T* dout, const std::int64_t* start, const std::int64_t* order, T* dw,
+                                          std::int64_t V, std::int64_t C) {
+  using A = acc_t<T>;
+  for (std::int64_t v = blockIdx.x; v < V; v += gridDim.x) {
+    const std::int64_t p0 = start[v], p1 = start[v + 1];
+    for (std::int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+      A acc = 0;
+      for (std::int64_t p = p0; p < p1; ++p) acc += scalar_cast<A>(dout[order[p] * C + j]);
+      dw[v * C + j] = scalar_cast<T>(acc);
+    }
+  }
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------------------------
+template <class T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t* targets, acc_t<T>* lse,
+                                             acc_t<T>* loss, std::int64_t rows, std::int64_t V,
+                                             std::int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = logits + r * V;
+    const A m = row_max<A>(xr, V, shm);
+    A s = 0;
+    for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp(scalar_cast<A>(xr[j]) - m);
+    s = detail::block_sum(s, shm);
+    if (threadIdx.x == 0) {
+      const A l = m + ::log(s);
+      lse[r] = l;
+      const std::int64_t t = targets[r];
+      loss[r] = t == ignore_index ? A(0) : l - scalar_cast<A>(xr[t]);
+    }
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_t* targets, const acc_t<T>* lse,
+                                              acc_t<T> scale, T* dlogits, std::int64_t rows, std::int64_t V,
+                                              std::int64_t ignore_index) {
+  using A = acc_t<T>;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = logits + r * V;
+    T* dr = dlogits + r * V;
+    const std::int64_t t = targets[r];
+    const A l = lse[r];
+    for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      A d = 0;
+      if (t != ignore_index) d = scale * (exp(scalar_cast<A>(xr[j]) - l) - (j == t ? A(1) : A(0)));
+      dr[j] = scalar_cast<T>(d);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------------------
+template <class T>
+void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
+  if (rows * n == 0) return;
+  softmax_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, y, rows, n, log);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
+  if (rows * n == 0) return;
+  softmax_backward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(y, dy, dx, rows, n, log);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,
+                       std::int64_t rows, std::int64_t n, double eps) {
+  if (rows * n == 0) return;
+  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, b, y, mean, rstd, rows, n,
+                                                                       static_cast<acc_t<T>>(eps));
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
+  if (rows * n == 0) return;
+  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, nullptr, y, nullptr, rstd, rows, n,
+                                                                       static_cast<acc_t<T>>(eps));
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd, const T* dy, T* dx,
+                        T* dw, T* db, std::int64_t rows, std::int64_t n) {
+  using A = acc_t<T>;
+  if (n == 0) return;
+  if (dx && rows > 0) {
+    norm_backward_dx_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, mean, rstd, dy, dx, rows, n);
+    TG_CUDA_LAUNCHED();
+  }
+  if (dw || db) {
+    // chunks of at least 16 rows, enough (chunk, column) items to fill the GPU
+    const std::int64_t want = std::max<std::int64_t>(1, (std::int64_t{1} << 17) / n);
+    std::int64_t chunks = std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(1, rows / 16));
+    const std::int64_t chunk_len = rows > 0 ? (rows + chunks - 1) / chunks : 1;
+    chunks = rows > 0 ? (rows + chunk_len - 1) / chunk_len : 1;
+    detail::Workspace ws(2 * static_cast<std::size_t>(chunks * n) * sizeof(A));
+    A* pw = ws.as<A>();
+    A* pb = pw + chunks * n;
+    norm_backward_dwdb_partial_kernel<T><<<detail::grid_for(chunks * n), kThreads>>>(x, mean, rstd, dy, pw, pb, rows, n,
+                                                                                     chunks, chunk_len);
+    TG_CUDA_LAUNCHED();
+    norm_backward_dwdb_final_kernel<T><<<detail::grid_for(n), kThreads>>>(pw, pb, dw, db, n, chunks);
+    TG_CUDA_LAUNCHED();
+  }
+}
+
+template <class T>
+void embedding_forward(const T* w, const std::int64_t* idx, T* out, std::int64_t n, std::int64_t C) {
+  if (n * C == 0) return;
+  detail::Workspace wi(static_cast<std::size_t>(n) * sizeof(std::int64_t));
+  const std::int64_t* didx = detail::upload(wi, idx, n);
+  embedding_forward_kernel<T><<<detail::grid_for(n * C), kThreads>>>(w, didx, out, n, C);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V, std::int64_t C) {
+  if (V * C == 0) return;
+  // Counting sort of positions by index on the host (stable: ascending position within an index), the
+  // CPU kernel's order; the GPU then sums each row of dw in that order.
+  std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(idx[i] + 1)];
+  for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
+  {
+    std::vector<std::int64_t> pos(start.begin(), start.end() - 1);
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(pos[static_cast<std::size_t>(idx[i])]++)] = i;
+  }
+  detail::Workspace ws(static_cast<std::size_t>(V + 1) * sizeof(std::int64_t)), wo(static_cast<std::size_t>(n) * sizeof(std::int64_t));
+  const std::int64_t* dstart = detail::upload(ws, start.data(), V + 1);
+  const std::int64_t* dorder = detail::upload(wo, order.data(), n);
+  embedding_backward_kernel<T><<<row_blocks(V), detail::row_threads(C)>>>(dout, dstart, dorder, dw, V, C);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, std::int64_t rows,
+                             std::int64_t V, std::int64_t ignore_index, std::int64_t* count) {
+  using A = acc_t<T>;
+  *count = 0;
+  if (rows == 0) return 0.0;
+  detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t)), wl(static_cast<std::size_t>(rows) * sizeof(A));
+  const std::int64_t* dt = detail::upload(wt, targets, rows);
+  cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V)>>>(logits, dt, lse, wl.as<A>(), rows, V,
+                                                                                ignore_index);
+  TG_CUDA_LAUNCHED();
+  std::vector<A> loss(static_cast<std::size_t>(rows));
+  TG_CUDA_CHECK(cudaMemcpy(loss.data(), wl.as<A>(), loss.size() * sizeof(A), cudaMemcpyDeviceToHost));
+  double total = 0;  // row order in fp64, as on the CPU
+  std::int64_t c = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == ignore_index) continue;
+    total += static_cast<double>(loss[static_cast<std::size_t>(r)]);
+    ++c;
+  }
+  *count = c;
+  return total;
+}
+
+template <class T>
+void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, double scale,
+                            T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+  if (rows * V == 0) return;
+  detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t));
+  const std::int64_t* dt = detail::upload(wt, targets, rows);
+  cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V)>>>(
+      logits, dt, lse, static_cast<acc_t<T>>(scale), dlogits, rows, V, ignore_index);
+  TG_CUDA_LAUNCHED();
+}
+
+#define TG_INSTANTIATE(T)                                                                                          \
+  template void softmax_forward<T>(const T*, T*, std::int64_t, std::int64_t, bool);                                \
+  template void softmax_backward<T>(const T*, const T*, T*, std::int64_t, std::int64_t, bool);                     \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, accum_t<T>*, std::int64_t,      \
+                                     std::int64_t, double);                                                        \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t, double);       \
+  template void layernorm_backward<T>(const T*, const T*, const accum_t<T>*, const accum_t<T>*, const T*, T*, T*,   \
+                                      T*, std::int64_t, std::int64_t);                                             \
+  template void embedding_forward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t);               \
+  template void embedding_backward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t, std::int64_t); \
+  template double cross_entropy_forward<T>(const T*, const std::int64_t*, accum_t<T>*, std::int64_t, std::int64_t,  \
+                                           std::int64_t, std::int64_t*);                                           \
+  template void cross_entropy_backward<T>(const T*, const std::int64_t*, const accum_t<T>*, double, T*,            \
+                                          std::int64_t, std::int64_t, std::int64_t);
+TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::backend::cuda

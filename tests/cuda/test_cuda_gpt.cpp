@@ -1,0 +1,79 @@
+// A tiny GPT trained for 50 steps on the CPU and on CUDA from the same weights and batches: the losses must
+// agree step by step (fp32 and bf16). The CPU half (the loss falls) runs everywhere; the comparison skips
+// with the reason when there is no GPU. The model is tests/cuda/functional_gpt.hpp (nn::GPT's architecture
+// written with ops, device-generic).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuda/functional_gpt.hpp"
+
+namespace {
+
+using tg::testing::FunctionalGpt;
+using tg::testing::FunctionalGptConfig;
+
+constexpr int kSteps = 50;
+constexpr std::int64_t kBatch = 4, kSeq = 16;
+constexpr double kLr = 0.5;  // plain SGD: AdamW's m/√v would amplify round-off in near-zero gradients
+
+enum class Opt { sgd, fused_adamw };
+
+template <class T, class D>
+std::vector<double> train_losses(Opt opt = Opt::sgd) {
+  const FunctionalGptConfig cfg;  // V 64, 2 layers, 2 heads, C 32
+  FunctionalGpt<D> model(cfg, /*seed=*/1234);
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto [x, y] = tg::testing::synthetic_batch(kBatch, kSeq, cfg.vocab, /*seed=*/99, static_cast<std::uint64_t>(step));
+    const tg::Tensor<T, D> loss = model.template loss<T>(x, y);
+    losses.push_back(static_cast<double>(tg::scalar_cast<float>(loss.item())));
+    loss.backward();
+    if (opt == Opt::sgd) model.sgd_step(kLr);
+    else model.fused_adamw_step(3e-3);
+  }
+  return losses;
+}
+
+double mean_of(const std::vector<double>& v, std::size_t from, std::size_t to) {
+  double s = 0;
+  for (std::size_t i = from; i < to; ++i) s += v[i];
+  return s / static_cast<double>(to - from);
+}
+
+TEST(TinyGptCpu, FiftyFusedAdamWStepsLowerTheLoss) {
+  const auto losses = train_losses<float, tg::cpu>(Opt::fused_adamw);
+  EXPECT_LT(mean_of(losses, kSteps - 5, kSteps), mean_of(losses, 0, 5) - 0.5) << "the loss did not fall";
+}
+
+TEST(TinyGptCpu, FiftyStepsLowerTheLossInFp32AndBf16) {
+  for (const auto& losses : {train_losses<float, tg::cpu>(), train_losses<tg::bf16, tg::cpu>()}) {
+    ASSERT_EQ(losses.size(), static_cast<std::size_t>(kSteps));
+    EXPECT_NEAR(losses[0], std::log(64.0), 0.2) << "initial loss should be about ln V";
+    EXPECT_LT(mean_of(losses, kSteps - 5, kSteps), mean_of(losses, 0, 5) - 0.5) << "the loss did not fall";
+  }
+}
+
+template <class T>
+void compare_devices(double atol, double rtol, Opt opt = Opt::sgd) {
+  if (tg::backend::cuda::device_count() == 0)
+    GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
+                 << "): the CPU-vs-CUDA training comparison runs only on a GPU machine (scripts/gpu-check.sh)";
+  const std::vector<double> cpu = train_losses<T, tg::cpu>(opt), gpu = train_losses<T, tg::cuda>(opt);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], atol + rtol * std::abs(cpu[i])) << "step " << i << " in " << tg::dtype_traits<T>::name;
+  EXPECT_LT(mean_of(gpu, kSteps - 5, kSteps), mean_of(gpu, 0, 5) - 0.5) << "the loss did not fall on CUDA";
+}
+
+// fp32: both sides accumulate in fp32 and differ by summation order only (~1e-6 per op), which 50 SGD
+// steps grow to well under 1e-3. bf16: 1-ulp rounding differences (2^-8) in activations move the loss by
+// up to about 1e-2 in one step; 3e-2 leaves room for growth over the run.
+TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInFp32) { compare_devices<float>(1e-4, 1e-3); }
+TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInBf16) { compare_devices<tg::bf16>(1e-3, 3e-2); }
+// The fused AdamW kernels of both backends (cpu::adam_step, cuda::adam_step_multi). AdamW's m/√v turns
+// round-off in near-zero gradients into full-size steps, so the bound is looser than SGD's.
+TEST(TinyGptCuda, FiftyFusedAdamWStepsMatchTheCpuInFp32) { compare_devices<float>(1e-3, 1e-2, Opt::fused_adamw); }
+
+}  // namespace
