@@ -6,6 +6,7 @@ torch.set_num_threads(2), OpenBLAS's own CPU detection (OPENBLAS_CORETYPE / OPEN
 OPENBLAS_THREAD_TIMEOUT=4, and glibc malloc told to keep memory. Each side runs in its own process.
 
     /usr/bin/python3 benchmarks/compare_pytorch.py --bench build/release/benchmarks/bench_train_step
+    /usr/bin/python3 benchmarks/compare_pytorch.py --bench build/cpu/benchmarks/bench_train_step --precision fp32,bf16
 """
 import argparse
 import json
@@ -91,32 +92,45 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32, bf16, or a comma-separated list (fp32,bf16): each precision is timed in PyTorch "
+                        "(bf16: torch.autocast('cpu', dtype=torch.bfloat16)) and in typegrad (bf16: bf16_mixed)")
     p.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    precisions = [x.strip() for x in args.precision.split(",") if x.strip()]
+    for x in precisions:
+        if x not in ("fp32", "bf16"):
+            p.error(f"--precision: unknown precision '{x}' (expected fp32 or bf16)")
     if args.torch_only:
         torch_step(args)
         return
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     env.update(TUNED_ENV)
     common = ["--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    out = subprocess.run(["/usr/bin/python3", __file__, "--torch-only", "--threads", str(args.threads),
-                          "--precision", args.precision] + common, env=env, check=True, capture_output=True, text=True)
-    torch_row = json.loads(out.stdout.strip().splitlines()[-1])
-    rows = [torch_row]
-    if args.bench:
-        out = subprocess.run([args.bench, "--model", "gpt2", "--threads", str(args.threads)] + common,
-                             check=True, capture_output=True, text=True)
-        rows.append(json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1]))
-    print(f"GPT-2 124M training step, B={args.batch} T={args.seq}, {args.threads} threads, median of {args.steps} after {args.warmup} warm-up")
+    rows = []
+    for prec in precisions:  # interleaved: PyTorch then typegrad for each precision
+        out = subprocess.run(["/usr/bin/python3", __file__, "--torch-only", "--threads", str(args.threads),
+                              "--precision", prec] + common, env=env, check=True, capture_output=True, text=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if args.bench:
+            out = subprocess.run([args.bench, "--model", "gpt2", "--threads", str(args.threads), "--precision", prec] + common,
+                                 check=True, capture_output=True, text=True)
+            rows.append(json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1]))
+    load = os.getloadavg()
+    print(f"GPT-2 124M training step, B={args.batch} T={args.seq}, {args.threads} threads, median of {args.steps} "
+          f"after {args.warmup} warm-up; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("| system | precision | median ms/step | min | max | tokens/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['system']} | {r['precision']} | {r['median_ms']:.0f} | {r['min_ms']:.0f} | {r['max_ms']:.0f} | "
               f"{args.batch * args.seq / (r['median_ms'] / 1e3):.0f} |")
-    if len(rows) == 2:
-        print(f"typegrad / pytorch time ratio: {rows[1]['median_ms'] / rows[0]['median_ms']:.2f} "
-              f"(below 1 means typegrad is faster)")
+    by = {(r["system"].split()[0], r["precision"]): r["median_ms"] for r in rows}
+    for prec in precisions:
+        if ("typegrad", prec) in by and ("pytorch", prec) in by:
+            print(f"{prec}: typegrad / pytorch time ratio {by[('typegrad', prec)] / by[('pytorch', prec)]:.2f} "
+                  f"(below 1 means typegrad is faster)")
+    if ("typegrad", "fp32") in by and ("typegrad", "bf16") in by:
+        print(f"typegrad bf16 / typegrad fp32 time ratio {by[('typegrad', 'bf16')] / by[('typegrad', 'fp32')]:.2f}")
 
 
 if __name__ == "__main__":

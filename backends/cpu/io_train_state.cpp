@@ -42,7 +42,7 @@ json record_to_json(const TrainStateRecord& r) {
                                         {"steps", r.grad_accum->steps}}
                                  : json(nullptr);
   j["scaler"] = r.scaler ? json{{"scale", r.scaler->scale}, {"growth_tracker", r.scaler->growth_tracker},
-                                {"skipped_steps", r.scaler->skipped_steps}}
+                                {"skipped_steps", r.scaler->skipped_steps}, {"steps", r.scaler->steps}}
                          : json(nullptr);
   json scalars = json::object();
   for (const auto& [k, v] : r.scalars) scalars[k] = v;
@@ -111,7 +111,8 @@ TrainStateRecord record_from_json(const json& j, const std::string& path) {
   }
   const json& sc = f.at(j, "", "scaler");
   if (!sc.is_null())
-    r.scaler = ScalerStateRecord{f.f64(sc, "scaler", "scale"), f.i64(sc, "scaler", "growth_tracker"), f.i64(sc, "scaler", "skipped_steps")};
+    r.scaler = ScalerStateRecord{f.f64(sc, "scaler", "scale"), f.i64(sc, "scaler", "growth_tracker"), f.i64(sc, "scaler", "skipped_steps"),
+                                  f.i64(sc, "scaler", "steps")};
   const json& scalars = f.at(j, "", "scalars");
   if (!scalars.is_object()) fail(path, "state field 'scalars' must be an object");
   for (auto it = scalars.begin(); it != scalars.end(); ++it) r.scalars[it.key()] = f.f64(scalars, "scalars", it.key().c_str());

@@ -4,11 +4,49 @@
 #include <vector>
 
 #include "typegrad/core/error.hpp"
+#include "typegrad/detail/cpu/amx.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 
 namespace tg::backend::cpu {
 
 namespace {
+// Note [AMX route for bf16]
+// On CPUs with AMX-BF16 (Intel Sapphire Rapids and later) the AVX-512 vdpbf16ps kernel runs at about half
+// the fp32 FMA rate, while a tile multiply does 16x16x32 products per instruction; bf16 GEMMs above a few
+// MFLOP go to gemm_bf16_amx (amx_bf16.cpp) when amx_bf16_usable(). Everything else keeps gemm<T>'s own
+// dispatch (TG_GEMM_KERNEL set, or TG_AMX=0, also keeps it).
+template <class T>
+bool use_amx(std::int64_t M, std::int64_t N, std::int64_t K) {
+  if constexpr (!std::is_same_v<T, bf16>) {
+    return false;
+  } else {
+    return M >= 16 && N >= 16 && K >= 32 &&
+           2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 2e6 && amx_bf16_usable();
+  }
+}
+template <class T>
+void gemm_routed(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const T* A,
+                 std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc,
+                 const GemmEpilogue& ep = {}) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!ep.out_bf16 && use_amx<T>(M, N, K)) {
+      gemm_bf16_amx(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep.bias);
+      return;
+    }
+  }
+  gemm<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep);
+}
+template <class T>
+void gemm_batched_routed(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                         const T* A, std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb,
+                         std::int64_t stride_b, float beta, T* C, std::int64_t ldc, std::int64_t stride_c,
+                         std::int64_t batch) {
+  if (batch == 1) {
+    gemm_routed<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_batched<T>(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
+}
 /// Whether the batch dims (size > 1) of `st` chain with `base`: st[d] == base · prod(sizes inside d).
 bool chains(const Shape& st, const Shape& batch, std::int64_t base) {
   std::int64_t expect = base;
@@ -53,13 +91,13 @@ void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T*
     // Fold the batch into M: B is shared and A's and C's batch dims continue their rows.
     if (all_zero(sb, batch) && chains(sa, batch, ars * M) && chains(sc, batch, ldc * M) &&
         gemm_operand(M * nbatch, K, ars, acs, ta, lda) && gemm_operand(K, N, brs, bcs, tb, ldb)) {
-      gemm<T>(ta, tb, M * nbatch, N, K, 1.f, a, lda, b, ldb, 0.f, c, ldc);
+      gemm_routed<T>(ta, tb, M * nbatch, N, K, 1.f, a, lda, b, ldb, 0.f, c, ldc);
       return;
     }
     // Fold the batch into K: C is shared (a reduction) and A's columns / B's rows continue over it.
     if (all_zero(sc, batch) && chains(sa, batch, acs * K) && chains(sb, batch, brs * K) &&
         gemm_operand(M, K * nbatch, ars, acs, ta, lda) && gemm_operand(K * nbatch, N, brs, bcs, tb, ldb)) {
-      gemm<T>(ta, tb, M, N, K * nbatch, 1.f, a, lda, b, ldb, 0.f, c, ldc);
+      gemm_routed<T>(ta, tb, M, N, K * nbatch, 1.f, a, lda, b, ldb, 0.f, c, ldc);
       return;
     }
   }
@@ -97,7 +135,7 @@ void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T*
       oc += i * sc[d];
       if (sc[d] == 0 && i != 0) first = false;
     }
-    gemm_batched<T>(ta, tb, M, N, K, 1.f, a + oa, lda, st_a, b + ob, ldb, st_b, first ? 0.f : 1.f, c + oc, ldc, st_c,
+    gemm_batched_routed<T>(ta, tb, M, N, K, 1.f, a + oa, lda, st_a, b + ob, ldb, st_b, first ? 0.f : 1.f, c + oc, ldc, st_c,
                     count);
   }
 }
@@ -117,7 +155,7 @@ void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, 
     return;
   }
   if (!bias) {
-    gemm<T>(tx, tw, M, N, K, 1.f, x, ldx, w, ldw, 0.f, y, N);
+    gemm_routed<T>(tx, tw, M, N, K, 1.f, x, ldx, w, ldw, 0.f, y, N);
   } else if constexpr (std::is_same_v<T, double>) {
     // The epilogue's bias is fp32; fp64 adds it exactly afterwards.
     gemm<T>(tx, tw, M, N, K, 1.f, x, ldx, w, ldw, 0.f, y, N);
@@ -133,7 +171,7 @@ void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, 
     for (std::int64_t n = 0; n < N; ++n) fb[static_cast<std::size_t>(n)] = scalar_cast<float>(bias[n]);
     GemmEpilogue ep;
     ep.bias = fb.data();
-    gemm<T>(tx, tw, M, N, K, 1.f, x, ldx, w, ldw, 0.f, y, N, ep);
+    gemm_routed<T>(tx, tw, M, N, K, 1.f, x, ldx, w, ldw, 0.f, y, N, ep);
   }
 }
 

@@ -1,7 +1,7 @@
 // train_gpt: trains a GPT on a text file (by default the English fortunes of Debian's `fortunes` package)
 // with live progress, periodic validation, generated samples and a closing summary.
 //   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
-//   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl
+//   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <typegrad/amp/amp.hpp>
 #include <typegrad/data/dataset.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/data/tokenizer.hpp>
@@ -62,6 +64,7 @@ struct Options {
   std::string resume;     // a checkpoint file, or a directory (its latest)
   std::string init_from;  // weights only (safetensors)
   std::string checkpoint = "none";
+  std::string precision = "fp32";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -189,7 +192,8 @@ std::string run_config_json(const Options& o) {
     << ",\"grad_accum\":" << o.grad_accum << ",\"steps\":" << o.steps << ",\"lr\":" << num(o.lr) << ",\"min_lr\":" << num(o.min_lr)
     << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
     << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
-    << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction) << "}";
+    << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction)
+    << ",\"precision\":" << str(o.precision) << "}";
   return j.str();
 }
 
@@ -206,7 +210,7 @@ struct LoopState {
 };
 
 void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t step, const std::vector<tg::optim::Param>& params,
-                     const tg::optim::Optimizer& opt, const LoopState& s) {
+                     const tg::optim::Optimizer& opt, const LoopState& s, const std::optional<tg::io::ScalerStateRecord>& scaler) {
   tg::io::TrainStateRecord r;
   r.step = step;
   r.schedule_step = s.schedule.step();
@@ -215,15 +219,17 @@ void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t 
                   {"sample", tg::io::record_of(s.sample_gen)}};
   r.grad_accum = tg::io::GradAccumRecord{s.accum.n(), s.accum.micro_index(), s.accum.steps()};
   r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)}};
+  r.scaler = scaler;
   r.config_json = run_config_json(o);
   const auto t0 = Clock::now();
   const std::string path = dir.save(params, opt, r);
   std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
 }
 
-/// Loads --resume into the model and optimizer, restores the loop's positions; returns the step reached.
+/// Loads --resume into the model and optimizer, restores the loop's positions and hands back the loss
+/// scaler's state (if the run had one); returns the step reached.
 std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& params, tg::optim::Optimizer& opt,
-                         const LoopState& s) {
+                         const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler) {
   const std::string path = tg::io::resolve_resume(o.resume);
   const tg::io::TrainStateRecord r = tg::io::load_train_state(path, params, opt);
   for (const auto& d : tg::io::config_differences(r.config_json, run_config_json(o)))
@@ -240,10 +246,38 @@ std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& 
   s.accum.restore(r.grad_accum->steps, r.grad_accum->micro_index);
   if (auto it = r.scalars.find("loss_ema"); it != r.scalars.end()) s.loss_ema = it->second;
   if (auto it = r.scalars.find("tokens_done"); it != r.scalars.end()) s.tokens_done = static_cast<std::int64_t>(it->second);
+  scaler = r.scaler;
   std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(r.step));
   return r.step;
 }
 
+/// The loss scaler's state as the checkpoint stores it; none for NoScaler (nothing to resume).
+template <class Scaler>
+std::optional<tg::io::ScalerStateRecord> scaler_record(const Scaler& scaler) {
+  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
+    return std::nullopt;
+  } else {
+    const tg::amp::ScalerState st = scaler.state();
+    return tg::io::ScalerStateRecord{st.scale, st.growth_tracker, st.skipped_steps, st.steps};
+  }
+}
+/// Puts a checkpoint's scaler state into this run's scaler (its growth/backoff settings stay this run's).
+template <class Scaler>
+void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecord>& saved) {
+  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
+    if (saved) std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
+  } else {
+    if (!saved) return;  // e.g. resuming an fp32 run in fp16: the scaler starts fresh
+    tg::amp::ScalerState st = scaler.state();
+    st.scale = saved->scale;
+    st.growth_tracker = saved->growth_tracker;
+    st.skipped_steps = saved->skipped_steps;
+    st.steps = saved->steps;
+    scaler.load_state(st);
+  }
+}
+
+template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed (--precision)
 int run(const Options& o) {
   if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
   TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
@@ -260,6 +294,7 @@ int run(const Options& o) {
   model.set_checkpoint(tg::parse_checkpoint_mode(o.checkpoint));
   const auto params = model.named_parameters();
   auto opt = make_optimizer(o, params);
+  tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies
   auto schedule = make_schedule(o, o.steps);
   tg::optim::GradAccumRuntime accum(o.grad_accum);
   tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
@@ -272,7 +307,12 @@ int run(const Options& o) {
     tg::io::load_weights(o.init_from, params);
     std::printf("initialized the weights from %s\n", o.init_from.c_str());
   }
-  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state);
+  std::optional<tg::io::ScalerStateRecord> saved_scaler;
+  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state, saved_scaler);
+  restore_scaler(amp.scaler, saved_scaler);
+  // Loaded masters invalidate the 16-bit copies made at construction.
+  if constexpr (Policy::uses_weight_copies)
+    if (!o.init_from.empty() || !o.resume.empty()) amp.weights.refresh();
   std::optional<tg::io::CheckpointDir> ckpts;
   if (!o.save_dir.empty()) ckpts.emplace(o.save_dir, o.keep);
 
@@ -290,6 +330,7 @@ int run(const Options& o) {
               o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
               tg::backend::cpu::num_threads());
   std::printf("activation checkpointing: %s\n", tg::checkpoint_mode_name(model.checkpoint()));
+  std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
   std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
   const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
   std::printf("step 0: val loss %.4f\n", val0);
@@ -302,10 +343,12 @@ int run(const Options& o) {
     double step_loss = 0;
     for (std::int64_t m = 0; m < o.grad_accum; ++m) {
       const auto b = sampler.next();
-      const auto loss = tg::cross_entropy(model.forward<tg::fp32>(b.inputs, dropout_gen, true), b.targets);
+      const auto loss = amp.loss(amp.forward(model, b.inputs, dropout_gen, true), b.targets);  // fp32 loss
       step_loss += static_cast<double>(loss.item()) / static_cast<double>(o.grad_accum);
-      accum.scale(loss).backward();
-      accum.micro_step(*opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt);
+      accum.scale(loss, amp.scaler).backward();
+      // After each optimizer step, refresh the low-precision weight copies (once per step, not per micro-batch).
+      if (accum.micro_step(*opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
+        amp.after_step(accum);
     }
     const double dt = seconds_since(t0);
     train_time += dt;
@@ -315,10 +358,13 @@ int run(const Options& o) {
     const double left = train_time / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
     const auto mem = tg::allocator<tg::cpu>().stats();
     const float lr_used = schedule.lr_at(schedule.step() - 1);
-    char line[256];
+    char line[320];
     std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s | left %s",
                   (long long)step, (long long)o.steps, step_loss, lr_used, accum.last_grad_norm(), dt * 1e3, tok_s,
                   human_bytes(mem.bytes_in_use).c_str(), human_time(left).c_str());
+    if constexpr (decltype(amp.scaler)::scales_loss)  // fp16: the loss scale and the steps skipped for inf/NaN
+      std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | scale %g | skipped %lld",
+                    amp.scaler.scale(), (long long)accum.skipped_steps());
     const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
     if (tty) std::printf("\r%s\x1b[K", line);
     if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
@@ -332,11 +378,12 @@ int run(const Options& o) {
                   generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen).c_str());
     if (log.is_open()) {
       log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
-          << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use;
+          << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
+          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << accum.skipped_steps();
       if (eval_now) log << ",\"val_loss\":" << last_val;
       log << "}\n";
     }
-    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state);
+    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state, scaler_record(amp.scaler));
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
@@ -393,9 +440,11 @@ int main(int argc, char** argv) {
   app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint file, or from the latest in a directory");
   app.add_option("--init-from", o.init_from, "initialize the weights from a safetensors file (weights only)");
+  app.add_option("--precision", o.precision, "fp32, or mixed precision with bf16 / fp16 compute (fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(o);
+    return tg::amp::with_precision(o.precision, [&]<class Policy>() { return run<Policy>(o); });
   } catch (const tg::Error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
     return 2;

@@ -356,7 +356,7 @@ io::TrainStateRecord full_record() {
   r.generators["init"] = {1337, 0xffffffffffffff00ull};
   r.generators["dropout"] = {1338, 99};
   r.grad_accum = io::GradAccumRecord{2, 0, 12};
-  r.scaler = io::ScalerStateRecord{32768.0, 17, 3};
+  r.scaler = io::ScalerStateRecord{32768.0, 17, 3, 40};
   r.scalars["loss_ema"] = 2.718281828459045;
   r.config_json = R"({"model":"tiny","lr":0.002,"nested":{"a":[1,2]}})";
   return r;

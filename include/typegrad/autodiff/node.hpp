@@ -45,6 +45,12 @@ void accumulate_grad(AutogradMeta<T, D>& meta, const Tensor<T, D>& g, const Shap
   TG_CHECK(g.shape() == shape, op, " backward: gradient shape ", g.shape(), " does not match the input's shape ", shape);
   if constexpr (std::is_same_v<D, cpu>) {
     if (!meta.grad.defined()) {
+      if (g.storage() && g.storage().use_count() == 1 && g.storage_offset() == 0 && g.is_contiguous() &&
+          g.storage()->bytes() == g.nbytes()) {
+        // Nothing else references g's buffer (a gradient freshly computed by the backward formula): adopt it.
+        meta.grad = g.detach();
+        return;
+      }
       // Own the buffer: g may alias a saved tensor or a view of another gradient.
       Tensor<T, D> owned = Tensor<T, D>::empty(shape);
       detail::copy_tensor(g, owned);

@@ -57,6 +57,7 @@ struct ScalerStateRecord {
   double scale = 65536.0;
   std::int64_t growth_tracker = 0;
   std::int64_t skipped_steps = 0;
+  std::int64_t steps = 0;  ///< optimizer steps attempted through the scaler (taken + skipped)
   bool operator==(const ScalerStateRecord&) const = default;
 };
 

@@ -143,7 +143,7 @@ class GPT {
     x = dropout(x, config_.dropout, dropout_gen, training);
     for (const Block& b : blocks_) x = checkpointed(checkpoint_, b, x, dropout_gen, training);  // Note [checkpoint regions]
     x = ln_f_.forward(x);
-    return linear(x, wte_.weight().to<T>());  // tied LM head: logits = x·wteᵀ
+    return linear(x, amp::param_as<T>(wte_.weight()));  // tied LM head: logits = x·wteᵀ
   }
   template <FloatingElement T>
   Tensor<T> forward(const Tensor<std::int64_t>& idx) const {

@@ -1,9 +1,11 @@
-// The basic layers: Linear, Embedding, LayerNorm. Parameters are fp32 masters; forward<T> computes in T
-// (a to<T>() copy of each weight, which is the identity for fp32 and differentiable otherwise).
+// The basic layers: Linear, Embedding, LayerNorm. Parameters are fp32 masters; forward<T> computes in T,
+// reading each weight through amp::param_as<T> (the per-step copy of an active amp::WeightCopies<T>, else
+// a to<T>() copy, which is the identity for fp32; Note [master weights and per-step copies]).
 //   tg::nn::Linear fc(768, 3072, gen);  auto y = fc.forward(x);        // x (B,T,768) -> (B,T,3072)
 //   tg::nn::LayerNorm ln(768);          auto h = ln.forward(x);
 #pragma once
 
+#include "typegrad/amp/weights.hpp"
 #include "typegrad/nn/module.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/embedding.hpp"
@@ -22,8 +24,8 @@ class Linear {
   }
   template <FloatingElement T>
   Tensor<T> forward(const Tensor<T>& x) const {
-    if (has_bias_) return linear(x, weight_.to<T>(), bias_.to<T>());
-    return linear(x, weight_.to<T>());
+    if (has_bias_) return linear(x, amp::param_as<T>(weight_), amp::param_as<T>(bias_));
+    return linear(x, amp::param_as<T>(weight_));
   }
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
     out.push_back({join_name(prefix, "weight"), weight_});
@@ -45,7 +47,7 @@ class Embedding {
       : weight_(normal_parameter({num, dim}, init_std, gen)) {}
   template <FloatingElement T>
   Tensor<T> forward(const Tensor<std::int64_t>& idx) const {
-    return embedding(weight_.to<T>(), idx);
+    return embedding(amp::param_as<T>(weight_), idx);
   }
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
     out.push_back({join_name(prefix, "weight"), weight_});
@@ -64,7 +66,7 @@ class LayerNorm {
       : weight_(constant_parameter({dim}, 1.0)), bias_(constant_parameter({dim}, 0.0)), eps_(eps) {}
   template <FloatingElement T>
   Tensor<T> forward(const Tensor<T>& x) const {
-    return layernorm(x, weight_.to<T>(), bias_.to<T>(), eps_);
+    return layernorm(x, amp::param_as<T>(weight_), amp::param_as<T>(bias_), eps_);
   }
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
     out.push_back({join_name(prefix, "weight"), weight_});

@@ -20,9 +20,11 @@ struct CrossEntropySaved {
 
 /// loss = mean over rows r with t_r ≠ ignore_index of (logsumexp(logits[r]) − logits[r, t_r]); NaN when
 /// every target is ignored (as in PyTorch). logits [N, V] with targets [N], or [B, T, V] with [B, T].
-template <FloatingElement T, Device D>
-Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets,
-                           std::int64_t ignore_index = -100) {
+/// The loss is stored as Out (fp32 for 16-bit logits under mixed precision: amp/autocast.hpp); the math is
+/// in accum_t<T> and fp64 sums either way, and dlogits has the logits' type T.
+template <FloatingElement Out, FloatingElement T, Device D>
+Tensor<Out, D> cross_entropy_as(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets,
+                                std::int64_t ignore_index = -100) {
   TG_CHECK(logits.dim() == 2 || logits.dim() == 3, "cross_entropy: logits must be [N, V] or [B, T, V], got ",
            logits.shape());
   Shape want = logits.shape();
@@ -36,9 +38,9 @@ Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
   std::int64_t count = 0;
   const double total = TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), rows, V, ignore_index, &count));
-  Tensor<T, D> out = Tensor<T, D>::full(Shape(), count ? total / static_cast<double>(count) : std::nan(""));
+  Tensor<Out, D> out = Tensor<Out, D>::full(Shape(), count ? total / static_cast<double>(count) : std::nan(""));
   autodiff::record("cross_entropy", out, detail::CrossEntropySaved<T, D>{lc.detach(), tc, lse, count},
-                   [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<T, D>& dout, auto) {
+                   [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<Out, D>& dout, auto) {
                      const double g = scalar_cast<double>(dout.item());
                      Tensor<T, D> dl = Tensor<T, D>::empty(s.logits.shape());
                      const double scale = s.count ? g / static_cast<double>(s.count) : 0.0;
@@ -47,6 +49,13 @@ Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t
                      return std::tuple{dl};
                    }, logits);
   return out;
+}
+
+/// cross_entropy_as<T>: the loss in the logits' own type.
+template <FloatingElement T, Device D>
+Tensor<T, D> cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets,
+                           std::int64_t ignore_index = -100) {
+  return cross_entropy_as<T>(logits, targets, ignore_index);
 }
 
 }  // namespace tg

@@ -2,6 +2,7 @@
 // (GradAccum<N>) or at run time (GradAccumRuntime{n}, for CLIs); one implementation for both.
 //   tg::optim::GradAccum<4> accum;   // for each micro-batch:
 //   accum.scale(loss).backward();  if (accum.micro_step(opt, schedule)) log(schedule.step());
+//   accum.scale(loss, scaler).backward();  accum.micro_step(opt, schedule, 1.0, scaler);   // with a loss scaler
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,11 @@ namespace tg::optim {
 // (4) advances the schedule once, (5) zeroes the gradients, and returns true. So the schedule's counter
 // always equals the number of optimizer steps it drove. The count policy is the only difference between
 // the compile-time and run-time forms.
+// With a loss scaler (amp/scaler.hpp, Note [loss scaling]) the loss is scaled by S/N (scale(loss,
+// scaler)), and on every N-th call the gradients are first unscaled (divided by S) and checked for
+// inf/NaN; then, before (1): the scaler updates, and on overflow the step is skipped: no clipping, no
+// optimizer step, no schedule advance (the schedule counts applied updates), gradients dropped,
+// skipped_steps() and last_step_skipped() tell it, and micro_step still returns true (a step boundary).
 
 namespace detail {
 template <std::int64_t N>
@@ -57,8 +63,30 @@ class GradAccumulator {
   /// (every N-th call). `max_grad_norm` clips the accumulated gradients first (see last_grad_norm()).
   template <class Opt>
   bool micro_step(Opt& opt, Schedule& schedule, std::optional<double> max_grad_norm = std::nullopt) {
+    NoScaling none;
+    return micro_step(opt, schedule, max_grad_norm, none);
+  }
+
+  /// loss · (S/N) for a loss scaler's scale S (recorded on the tape).
+  template <FloatingElement T, Device D, class Scaler>
+  Tensor<T, D> scale(const Tensor<T, D>& loss, const Scaler& scaler) const {
+    return mul(loss, scaler.scale() * loss_scale());
+  }
+
+  /// micro_step with a loss scaler: on every N-th call unscale, check, update the scaler, and skip the
+  /// step on inf/NaN (Note [gradient accumulation]).
+  template <class Opt, class Scaler>
+  bool micro_step(Opt& opt, Schedule& schedule, std::optional<double> max_grad_norm, Scaler& scaler) {
     if (++micro_ < n()) return false;
     micro_ = 0;
+    const bool found_inf = scaler.unscale(opt);
+    scaler.update(found_inf);
+    last_skipped_ = found_inf;
+    if (found_inf) {
+      opt.zero_grad();
+      ++skipped_;
+      return true;
+    }
     if (max_grad_norm) last_norm_ = clip_grad_norm(opt, *max_grad_norm);
     opt.set_lr(schedule.lr());
     opt.step();
@@ -81,12 +109,22 @@ class GradAccumulator {
   }
   /// The global gradient norm measured by the last clipping micro_step (0 before any).
   double last_grad_norm() const { return last_norm_; }
+  /// Optimizer steps skipped because a loss scaler found inf/NaN gradients.
+  std::int64_t skipped_steps() const { return skipped_; }
+  /// Whether the last step boundary was skipped.
+  bool last_step_skipped() const { return last_skipped_; }
 
  private:
+  struct NoScaling {  // the plain path: scale 1, no check
+    bool unscale(const Optimizer&) { return false; }
+    void update(bool) {}
+  };
   CountPolicy policy_{};
   std::int64_t micro_ = 0;
   std::int64_t steps_ = 0;
   double last_norm_ = 0.0;
+  std::int64_t skipped_ = 0;
+  bool last_skipped_ = false;
 };
 
 /// N micro-batches per optimizer step, N known at compile time.

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     opt.step();
     tg::io::TrainStateRecord rec;
     rec.step = 1;
-    rec.scaler = tg::io::ScalerStateRecord{1024.0, 3, 1};
+    rec.scaler = tg::io::ScalerStateRecord{1024.0, 3, 1, 9};
     tg::io::save_train_state(dir + "/checkpoint.safetensors", params, opt, rec);
     return 0;
   } catch (const std::exception& e) {

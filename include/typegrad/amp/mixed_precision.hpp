@@ -1,0 +1,73 @@
+// A mixed-precision training setup as one type: a precision policy, its loss scaler (the policy's
+// default unless named) and the per-step weight copies. fp16 compute without a scaler does not compile.
+//   tg::amp::MixedPrecision<tg::amp::bf16_mixed> amp(model.named_parameters(), opt);
+//   auto loss = amp.loss(amp.forward(model, x, gen), y);  accum.scale(loss, amp.scaler).backward();
+//   if (accum.micro_step(opt, schedule, 1.0, amp.scaler)) amp.after_step(accum);   // refreshes the copies
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "typegrad/amp/autocast.hpp"
+#include "typegrad/amp/precision.hpp"
+#include "typegrad/amp/scaler.hpp"
+#include "typegrad/amp/weights.hpp"
+#include "typegrad/ops/cross_entropy.hpp"
+
+namespace tg::amp {
+
+/// The fp32 policy's stand-in for WeightCopies: the forward reads the masters, nothing to refresh.
+struct NoCopies {
+  explicit NoCopies(const std::vector<optim::Param>&, const optim::Optimizer* = nullptr) {}
+  void refresh() {}
+  std::int64_t refreshes() const { return 0; }
+  bool stale() const { return false; }
+  std::int64_t nbytes() const { return 0; }
+};
+
+template <PrecisionPolicy P, LossScaler Scaler = default_scaler_t<P>>
+class MixedPrecision {
+  static_assert(!P::requires_loss_scaling || Scaler::scales_loss,
+                "tg::amp::MixedPrecision: fp16 compute (fp16_mixed) needs a loss scaler: gradients below 2^-24 "
+                "flush to zero in fp16. Fix: use tg::amp::DynamicScaler (the default for fp16_mixed: omit the "
+                "Scaler argument) or tg::amp::StaticScaler instead of tg::amp::NoScaler, or train in bf16_mixed");
+
+ public:
+  using policy = P;
+  using scaler_type = Scaler;
+  using compute_type = storage_t<op::linear, P>;
+  using loss_type = storage_t<op::cross_entropy, P>;
+
+  MixedPrecision(const std::vector<optim::Param>& params, const optim::Optimizer& opt, Scaler s = Scaler{})
+      : scaler(std::move(s)), weights(params, &opt) {}
+
+  /// model.forward<compute_type>(idx, gen, training) reading the per-step weight copies.
+  template <class Model>
+  Tensor<compute_type> forward(const Model& model, const Tensor<std::int64_t>& idx, Generator& gen,
+                               bool training = true) const {
+    if constexpr (P::uses_weight_copies) {
+      UseCopies<compute_type> use(weights);
+      return model.template forward<compute_type>(idx, gen, training);
+    } else {
+      return model.template forward<compute_type>(idx, gen, training);
+    }
+  }
+  /// Mean cross-entropy stored in fp32 (the loss is an fp32_math op; Note [autocast rules]).
+  template <FloatingElement T>
+  Tensor<loss_type> loss(const Tensor<T>& logits, const Tensor<std::int64_t>& targets) const {
+    return cross_entropy_as<loss_type>(logits, targets);
+  }
+  /// After a step boundary (micro_step returned true): refreshes the weight copies when the step was taken.
+  /// Returns whether it refreshed.
+  template <class Accum>
+  bool after_step(const Accum& accum) {
+    if (accum.last_step_skipped()) return false;
+    if constexpr (P::uses_weight_copies) weights.refresh();
+    return true;
+  }
+
+  Scaler scaler;
+  std::conditional_t<P::uses_weight_copies, WeightCopies<compute_type>, NoCopies> weights;
+};
+
+}  // namespace tg::amp

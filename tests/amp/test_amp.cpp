@@ -1,0 +1,556 @@
+// Mixed precision (include/typegrad/amp): policies and autocast rules, loss scalers (skip on inf with
+// weights and optimizer state unchanged, backoff, growth, unscale before clipping, state round trip),
+// per-step weight copies (refreshed once per optimizer step, gradients reaching the fp32 masters), the
+// activation memory of bf16 vs fp32, and bf16 / fp16 training of the tiny GPT tracking fp32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <typegrad/amp/amp.hpp>
+#include <typegrad/detail/cpu/amx.hpp>
+#include <typegrad/data/dataset.hpp>
+#include <typegrad/data/sampler.hpp>
+#include <typegrad/data/tokenizer.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace {
+
+using namespace tg;
+namespace amp = tg::amp;
+
+// ---- policies and rules (compile time) --------------------------------------------------------------
+static_assert(std::is_same_v<amp::bf16_mixed::param_type, fp32> && std::is_same_v<amp::bf16_mixed::compute_type, bf16>);
+static_assert(std::is_same_v<amp::fp16_mixed::grad_type, fp32> && std::is_same_v<amp::fp16_mixed::accum_type, fp32>);
+static_assert(amp::fp16_mixed::requires_loss_scaling && !amp::bf16_mixed::requires_loss_scaling &&
+              !amp::fp32_policy::requires_loss_scaling);
+static_assert(std::is_same_v<amp::default_scaler_t<amp::fp16_mixed>, amp::DynamicScaler>);
+static_assert(std::is_same_v<amp::default_scaler_t<amp::bf16_mixed>, amp::NoScaler>);
+static_assert(std::is_same_v<amp::default_scaler_t<amp::fp32_policy>, amp::NoScaler>);
+// GEMM-like ops store in the compute type and accumulate in fp32.
+static_assert(std::is_same_v<amp::storage_t<amp::op::linear, amp::bf16_mixed>, bf16>);
+static_assert(std::is_same_v<amp::math_t<amp::op::linear, amp::bf16_mixed>, fp32>);
+static_assert(std::is_same_v<amp::storage_t<amp::op::attention, amp::fp16_mixed>, fp16>);
+// Numerically sensitive ops compute in fp32; the loss is stored in fp32.
+static_assert(std::is_same_v<amp::math_t<amp::op::softmax, amp::bf16_mixed>, fp32>);
+static_assert(std::is_same_v<amp::math_t<amp::op::layernorm, amp::fp16_mixed>, fp32>);
+static_assert(std::is_same_v<amp::storage_t<amp::op::cross_entropy, amp::bf16_mixed>, fp32>);
+static_assert(std::is_same_v<amp::input_t<amp::op::cross_entropy, amp::bf16_mixed>, bf16>);
+// The optimizer works on the masters.
+static_assert(std::is_same_v<amp::storage_t<amp::op::optimizer, amp::bf16_mixed>, fp32>);
+// Elementwise promotion.
+static_assert(std::is_same_v<amp::promote_t<bf16, bf16>, bf16>);
+static_assert(std::is_same_v<amp::promote_t<bf16, fp32>, fp32>);
+static_assert(std::is_same_v<amp::promote_t<bf16, fp16>, fp32>);
+static_assert(std::is_same_v<amp::promote_t<fp32, fp64>, fp64>);
+// The fp32 policy's MixedPrecision keeps no copies.
+static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::fp32_policy>::weights), amp::NoCopies>);
+
+TEST(AmpPolicy, RunTimeNamesBecomeTypes) {
+  EXPECT_EQ(amp::with_precision("bf16", []<class P>() { return std::string(amp::policy_name<P>()); }), "bf16");
+  EXPECT_EQ(amp::with_precision("fp16", []<class P>() { return sizeof(typename P::compute_type); }), 2u);
+  EXPECT_EQ(amp::with_precision("fp32", []<class P>() { return sizeof(typename P::compute_type); }), 4u);
+  try {
+    amp::with_precision("int8", []<class P>() { return 0; });
+    FAIL() << "expected tg::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown precision 'int8' (expected fp32, bf16 or fp16)"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(AmpAutocast, CastForConvertsToTheOpsInputType) {
+  const auto x = Tensor<fp32>::from_values({3}, {1.0, 1.00390625, -2.5});
+  const Tensor<bf16> xb = amp::cast_for<amp::op::linear, amp::bf16_mixed>(x);
+  EXPECT_EQ(static_cast<float>(xb.at({0})), 1.0f);
+  EXPECT_EQ(static_cast<float>(xb.at({1})), 1.0f) << "1 + 2^-8 rounds to 1 in bf16 (ties to even)";
+  const Tensor<fp32> xs = amp::cast_for<amp::op::optimizer, amp::bf16_mixed>(x);
+  EXPECT_EQ(xs.data(), x.data()) << "the master type needs no conversion";
+}
+
+// ---- a small optimization problem for the scaler tests ------------------------------------------------
+struct Problem {
+  Tensor<fp32> w = Tensor<fp32>::from_values({2, 3}, {0.5, -0.25, 1.0, 0.75, 0.1, -0.6});
+  Tensor<fp32> b = Tensor<fp32>::from_values({2}, {0.05, -0.02});
+  Tensor<fp32> x = Tensor<fp32>::from_values({4, 3}, {1, 2, 3, -1, 0.5, 2, 0, 1, -1, 2, 2, 2});
+  std::vector<optim::Param> params;
+  Problem() {
+    w.requires_grad_();
+    b.requires_grad_();
+    params = {optim::Param("fc.weight", w), optim::Param("fc.bias", b)};
+  }
+  Tensor<fp32> loss() const { return mean(mul(linear(x, w, b), linear(x, w, b))); }
+};
+
+std::vector<float> values(const Tensor<fp32>& t) { return t.to_vector(); }
+
+std::vector<std::vector<float>> state_values(const optim::Optimizer& opt) {
+  std::vector<std::vector<float>> out;
+  for (const auto& nt : opt.state_tensors()) out.push_back(nt.tensor.to_vector());
+  return out;
+}
+
+TEST(AmpScaler, DefaultsFollowGradScaler) {
+  const amp::DynamicScaler s;
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.state().growth_factor, 2.0);
+  EXPECT_EQ(s.state().backoff_factor, 0.5);
+  EXPECT_EQ(s.state().growth_interval, 2000);
+  EXPECT_EQ(s.state().growth_tracker, 0);
+  EXPECT_EQ(s.state().skipped_steps, 0);
+}
+
+TEST(AmpScaler, InjectedInfSkipsTheStepAndHalvesTheScale) {
+  Problem pb;
+  optim::AdamW opt(pb.params, {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f});
+  optim::Schedule schedule = optim::Constant{0.1f};
+  optim::GradAccum<1> accum;
+  amp::DynamicScaler scaler;
+
+  // A clean step first, so the optimizer has state to protect.
+  accum.scale(pb.loss(), scaler).backward();
+  ASSERT_TRUE(accum.micro_step(opt, schedule, 1.0, scaler));
+  EXPECT_FALSE(accum.last_step_skipped());
+  EXPECT_EQ(opt.step_count(), 1);
+  EXPECT_EQ(scaler.scale(), 65536.0);
+  EXPECT_EQ(scaler.state().growth_tracker, 1);
+
+  const auto w0 = values(pb.w), b0 = values(pb.b);
+  const auto st0 = state_values(opt);
+  const std::int64_t sched0 = schedule.step();
+
+  // Inject an inf into one gradient element after backward.
+  accum.scale(pb.loss(), scaler).backward();
+  pb.w.grad().data()[4] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(accum.micro_step(opt, schedule, 1.0, scaler)) << "a skipped step is still a step boundary";
+  EXPECT_TRUE(accum.last_step_skipped());
+  EXPECT_EQ(values(pb.w), w0) << "weights must not change on a skipped step";
+  EXPECT_EQ(values(pb.b), b0);
+  EXPECT_EQ(state_values(opt), st0) << "optimizer state (exp_avg, exp_avg_sq, step counts) must not change";
+  EXPECT_EQ(opt.step_count(), 1);
+  EXPECT_EQ(opt.param_step_count("fc.weight"), 1);
+  EXPECT_EQ(schedule.step(), sched0) << "the schedule counts applied updates";
+  EXPECT_FALSE(pb.w.grad().defined()) << "the overflowing gradients are dropped";
+  EXPECT_EQ(scaler.scale(), 32768.0);
+  EXPECT_EQ(scaler.state().growth_tracker, 0);
+  EXPECT_EQ(scaler.state().skipped_steps, 1);
+  EXPECT_EQ(accum.skipped_steps(), 1);
+
+  // A NaN also skips.
+  accum.scale(pb.loss(), scaler).backward();
+  pb.b.grad().data()[0] = std::numeric_limits<float>::quiet_NaN();
+  accum.micro_step(opt, schedule, 1.0, scaler);
+  EXPECT_TRUE(accum.last_step_skipped());
+  EXPECT_EQ(scaler.scale(), 16384.0);
+  EXPECT_EQ(values(pb.w), w0);
+
+  // Clean steps then proceed: the weights move, the scale holds, the tracker counts.
+  for (int i = 0; i < 3; ++i) {
+    accum.scale(pb.loss(), scaler).backward();
+    accum.micro_step(opt, schedule, 1.0, scaler);
+    EXPECT_FALSE(accum.last_step_skipped());
+  }
+  EXPECT_NE(values(pb.w), w0);
+  EXPECT_EQ(opt.step_count(), 4);
+  EXPECT_EQ(schedule.step(), sched0 + 3);
+  EXPECT_EQ(scaler.scale(), 16384.0);
+  EXPECT_EQ(scaler.state().growth_tracker, 3);
+  EXPECT_EQ(scaler.state().steps, 6);
+  EXPECT_EQ(scaler.state().skipped_steps, 2);
+}
+
+TEST(AmpScaler, ScaledStepsEqualUnscaledSteps) {
+  // The same problem with and without a (power-of-two) scale: identical updates, since gradients are
+  // unscaled before clipping and the optimizer.
+  Problem a, b;
+  optim::AdamW oa(a.params, {.lr = 0.05f}), ob(b.params, {.lr = 0.05f});
+  optim::Schedule sa = optim::Constant{0.05f}, sb = optim::Constant{0.05f};
+  optim::GradAccum<2> acc_a, acc_b;
+  amp::DynamicScaler scaler;
+  for (int i = 0; i < 6; ++i) {
+    acc_a.scale(a.loss(), scaler).backward();
+    acc_a.micro_step(oa, sa, 0.5, scaler);
+    acc_b.scale(b.loss()).backward();
+    acc_b.micro_step(ob, sb, 0.5);
+  }
+  EXPECT_EQ(oa.step_count(), 3);
+  EXPECT_EQ(values(a.w), values(b.w));
+  EXPECT_EQ(values(a.b), values(b.b));
+  EXPECT_DOUBLE_EQ(acc_a.last_grad_norm(), acc_b.last_grad_norm()) << "clipping must see unscaled gradients";
+  EXPECT_GT(acc_b.last_grad_norm(), 0.5) << "the test must actually clip";
+}
+
+TEST(AmpScaler, GrowsAfterTheIntervalOfCleanSteps) {
+  amp::DynamicScaler s;  // the default interval: 2000
+  for (int i = 0; i < 1999; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.state().growth_tracker, 1999);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 131072.0);
+  EXPECT_EQ(s.state().growth_tracker, 0);
+  // An overflow resets the tracker: growth needs a full interval of clean steps again.
+  for (int i = 0; i < 1500; ++i) s.update(false);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 65536.0);
+  for (int i = 0; i < 1999; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 65536.0);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 131072.0);
+
+  // Through the accumulator with a short interval.
+  Problem pb;
+  optim::Sgd opt(pb.params, {.lr = 0.01f});
+  optim::Schedule schedule = optim::Constant{0.01f};
+  optim::GradAccum<1> accum;
+  amp::DynamicScaler fast(amp::DynamicScalerOptions{.init_scale = 8.0, .growth_interval = 3});
+  for (int i = 0; i < 7; ++i) {
+    accum.scale(pb.loss(), fast).backward();
+    accum.micro_step(opt, schedule, std::nullopt, fast);
+  }
+  EXPECT_EQ(fast.scale(), 32.0) << "x2 after steps 3 and 6";
+  EXPECT_EQ(fast.state().growth_tracker, 1);
+}
+
+TEST(AmpScaler, StaticAndNoScaler) {
+  Problem pb;
+  optim::Sgd opt(pb.params, {.lr = 0.01f});
+  optim::Schedule schedule = optim::Constant{0.01f};
+  optim::GradAccum<1> accum;
+  amp::StaticScaler st(128.0);
+  accum.scale(pb.loss(), st).backward();
+  pb.w.grad().data()[0] = std::numeric_limits<float>::infinity();
+  const auto w0 = values(pb.w);
+  accum.micro_step(opt, schedule, std::nullopt, st);
+  EXPECT_TRUE(accum.last_step_skipped());
+  EXPECT_EQ(values(pb.w), w0);
+  EXPECT_EQ(st.scale(), 128.0) << "a static scale never changes";
+  EXPECT_EQ(st.state().skipped_steps, 1);
+
+  amp::NoScaler none;
+  EXPECT_EQ(none.scale(), 1.0);
+  accum.scale(pb.loss(), none).backward();
+  accum.micro_step(opt, schedule, std::nullopt, none);
+  EXPECT_FALSE(accum.last_step_skipped());
+  EXPECT_NE(values(pb.w), w0);
+  EXPECT_EQ(none.state().steps, 1);
+  EXPECT_THROW(amp::StaticScaler(0.0), Error);
+  EXPECT_THROW(amp::StaticScaler(std::numeric_limits<double>::infinity()), Error);
+}
+
+TEST(AmpScaler, StateRoundTripsAndRejectsBadState) {
+  amp::DynamicScaler a(amp::DynamicScalerOptions{.init_scale = 1024.0, .growth_interval = 10});
+  for (int i = 0; i < 4; ++i) a.update(false);
+  a.update(true);
+  a.update(false);
+  const amp::ScalerState st = a.state();
+  EXPECT_EQ(st.scale, 512.0);
+  EXPECT_EQ(st.growth_tracker, 1);
+  EXPECT_EQ(st.skipped_steps, 1);
+  EXPECT_EQ(st.steps, 6);
+
+  amp::DynamicScaler b;
+  b.load_state(st);
+  EXPECT_EQ(b.state(), st);
+  for (int i = 0; i < 9; ++i) {
+    a.update(false);
+    b.update(false);
+  }
+  EXPECT_EQ(b.state(), a.state()) << "a restored scaler continues exactly like the original";
+  EXPECT_EQ(b.scale(), 1024.0);
+
+  auto bad = st;
+  bad.scale = -1;
+  try {
+    b.load_state(bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DynamicScaler::load_state: scale must be finite and > 0, got -1"), std::string::npos) << e.what();
+  }
+  bad = st;
+  bad.growth_tracker = 10;
+  EXPECT_THROW(b.load_state(bad), Error);
+  EXPECT_EQ(b.state(), a.state()) << "a rejected state changes nothing";
+  amp::NoScaler none;
+  EXPECT_THROW(none.load_state(st), Error);
+}
+
+// ---- per-step weight copies ------------------------------------------------------------------------------
+struct TinySetup {
+  Generator gen{3};
+  nn::GPTConfig cfg = [] {
+    auto c = nn::GPTConfig::preset("tiny");
+    c.n_layer = 2;
+    return c;
+  }();
+  nn::GPT model{cfg, gen};
+  std::vector<optim::Param> params = model.named_parameters();
+  Tensor<std::int64_t> idx, tgt;
+  TinySetup(std::int64_t B, std::int64_t T) {
+    idx = Tensor<std::int64_t>::empty({B, T});
+    tgt = Tensor<std::int64_t>::empty({B, T});
+    for (std::int64_t i = 0; i < B * T; ++i) {
+      idx.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 256);
+      tgt.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 256);
+    }
+  }
+};
+
+TEST(AmpWeights, CopiesAreRefreshedOncePerOptimizerStep) {
+  TinySetup s(2, 16);
+  optim::AdamW opt(s.params, {.lr = 1e-3f});
+  optim::Schedule schedule = optim::Constant{1e-3f};
+  optim::GradAccum<4> accum;
+  amp::MixedPrecision<amp::bf16_mixed> mp(s.params, opt);
+  EXPECT_EQ(mp.weights.refreshes(), 1) << "converted once at construction";
+  EXPECT_EQ(mp.weights.nbytes(), nn::count_parameters(s.params) * 2);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  ASSERT_EQ(s.params[0].name, "wte.weight");
+  const Tensor<bf16> copy = mp.weights.copy_of(wte);
+  ASSERT_TRUE(copy.defined());
+  {
+    amp::UseCopies use(mp.weights);
+    const Tensor<bf16> seen = amp::param_as<bf16>(wte);
+    EXPECT_EQ(seen.data(), copy.data()) << "the forward reads the cached copy, no conversion";
+    EXPECT_TRUE(seen.requires_grad());
+  }
+  EXPECT_NE(amp::param_as<bf16>(wte).data(), copy.data()) << "without an active copy, param_as converts";
+
+  for (int step = 0; step < 3; ++step) {
+    for (int m = 0; m < 4; ++m) {
+      const auto loss = mp.loss(mp.forward(s.model, s.idx, s.gen), s.tgt);
+      accum.scale(loss, mp.scaler).backward();
+      if (m < 3) {
+        // Mid-accumulation: gradients reach the masters in fp32 and accumulate there.
+        ASSERT_TRUE(wte.grad().defined());
+        static_assert(std::is_same_v<decltype(wte.grad()), Tensor<fp32>>);
+      }
+      const bool stepped = accum.micro_step(opt, schedule, 1.0, mp.scaler);
+      EXPECT_EQ(stepped, m == 3);
+      if (stepped) mp.after_step(accum);
+    }
+    EXPECT_EQ(mp.weights.refreshes(), 2 + step) << "one refresh per optimizer step, not per micro-batch";
+  }
+  // The copies hold the current masters, rounded.
+  const auto master = wte.to_vector();
+  for (std::size_t i = 0; i < master.size(); i += 97)
+    EXPECT_EQ(copy.data()[i].bits, bf16(master[i]).bits) << "element " << i;
+}
+
+TEST(AmpWeights, StaleCopiesAreAnError) {
+  TinySetup s(1, 8);
+  optim::Sgd opt(s.params, {.lr = 1e-2f});
+  amp::WeightCopies<bf16> copies(s.params, &opt);
+  cross_entropy(s.model.forward<fp32>(s.idx), s.tgt).backward();
+  opt.step();
+  EXPECT_TRUE(copies.stale());
+  try {
+    amp::UseCopies use(copies);
+    FAIL() << "expected tg::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight copies are stale"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("call refresh() after every optimizer step"), std::string::npos);
+  }
+  copies.refresh();
+  EXPECT_FALSE(copies.stale());
+  EXPECT_NO_THROW(amp::UseCopies<bf16>{copies});
+}
+
+TEST(AmpWeights, GradientThroughCopyMatchesGradientThroughTo) {
+  // The cached path and the plain to<bf16>() path give the masters the same fp32 gradient.
+  TinySetup s(2, 8);
+  optim::Sgd opt(s.params, {.lr = 0.f});
+  amp::WeightCopies<bf16> copies(s.params, &opt);
+  {
+    amp::UseCopies use(copies);
+    cross_entropy_as<fp32>(s.model.forward<bf16>(s.idx), s.tgt).backward();
+  }
+  std::vector<std::vector<float>> g1;
+  for (auto& p : s.params) g1.push_back(p.tensor.grad().to_vector());
+  opt.zero_grad();
+  cross_entropy_as<fp32>(s.model.forward<bf16>(s.idx), s.tgt).backward();
+  for (std::size_t i = 0; i < s.params.size(); ++i)
+    EXPECT_EQ(s.params[i].tensor.grad().to_vector(), g1[i]) << s.params[i].name;
+}
+
+// ---- memory: activations in bf16 vs fp32 -----------------------------------------------------------------
+template <class Policy>
+std::int64_t activation_peak_bytes(std::int64_t B, std::int64_t T) {
+  TinySetup s(B, T);
+  optim::AdamW opt(s.params, {.lr = 1e-3f});
+  amp::MixedPrecision<Policy> mp(s.params, opt);
+  auto& alloc = allocator<cpu>();
+  alloc.empty_cache();  // no cached block of another run's sizes may serve (and inflate) this run's requests
+  const std::int64_t base = alloc.stats().bytes_in_use;  // parameters and weight copies
+  alloc.reset_peak();
+  {
+    const auto loss = mp.loss(mp.forward(s.model, s.idx, s.gen), s.tgt);  // the tape now holds every activation
+    EXPECT_TRUE(std::isfinite(loss.item()));
+  }
+  return alloc.stats().peak_bytes - base;
+}
+
+TEST(AmpMemory, Bf16ActivationsTakeAtMostSixtyPercentOfFp32) {
+  const std::int64_t B = 8, T = 64;
+  const std::int64_t f32 = activation_peak_bytes<amp::fp32_policy>(B, T);
+  const std::int64_t b16 = activation_peak_bytes<amp::bf16_mixed>(B, T);
+  const double ratio = static_cast<double>(b16) / static_cast<double>(f32);
+  std::printf("activation peak bytes (tiny GPT, 2 layers, B=%lld T=%lld): fp32 %lld, bf16 %lld, ratio %.3f\n",
+              (long long)B, (long long)T, (long long)f32, (long long)b16, ratio);
+  EXPECT_GT(f32, 0);
+  EXPECT_LE(ratio, 0.60);
+}
+
+// ---- kernels ---------------------------------------------------------------------------------------------
+TEST(AmpKernels, UnscaleAndCheckFindsInfAndNan) {
+  std::vector<float> g(100000, 2.0f);
+  EXPECT_FALSE(backend::cpu::unscale_and_check<float>(g.data(), static_cast<std::int64_t>(g.size()), 0.25f));
+  EXPECT_EQ(g[0], 0.5f);
+  EXPECT_EQ(g[99999], 0.5f);
+  g[77777] = -std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(backend::cpu::unscale_and_check<float>(g.data(), static_cast<std::int64_t>(g.size()), 1.0f));
+  g[77777] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(backend::cpu::unscale_and_check<float>(g.data(), 100000, 1.0f));
+  g[77777] = std::numeric_limits<float>::max();
+  EXPECT_FALSE(backend::cpu::unscale_and_check<float>(g.data(), 100000, 1.0f)) << "large but finite is fine";
+}
+
+TEST(AmpKernels, ConvertMatchesTheScalarReference) {
+  std::vector<float> src(70001);
+  Generator gen(9);
+  for (auto& v : src) v = static_cast<float>((gen.uniform() - 0.5) * 1e5);
+  src[1] = std::numeric_limits<float>::infinity();
+  src[2] = std::numeric_limits<float>::quiet_NaN();
+  src[3] = 1e-30f;       // fp16 underflow
+  src[4] = 70000.f;      // fp16 overflow
+  std::vector<bf16> b(src.size());
+  std::vector<fp16> h(src.size());
+  backend::cpu::convert_contiguous<float, bf16>(src.data(), b.data(), static_cast<std::int64_t>(src.size()));
+  backend::cpu::convert_contiguous<float, fp16>(src.data(), h.data(), static_cast<std::int64_t>(src.size()));
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(b[i].bits, bf16(src[i]).bits) << i;
+    ASSERT_EQ(h[i].bits, fp16(src[i]).bits) << i;
+  }
+}
+
+template <class T>
+void check_gelu_16bit() {
+  // Note [vectorized GELU for 16-bit storage]: within one unit in the last place of T of the fp64 formula.
+  const std::int64_t n = 20001;
+  std::vector<double> xs(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) xs[static_cast<std::size_t>(i)] = -12.0 + 24.0 * static_cast<double>(i) / (n - 1);
+  xs[0] = -200.0;
+  xs[1] = 200.0;
+  auto x = Tensor<T>::from_values({n}, xs);
+  x.requires_grad_();
+  const Tensor<T> y = gelu_tanh(x);
+  y.backward(Tensor<T>::ones({n}));
+  const double ulp = dtype_traits<T>::epsilon();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double xv = static_cast<double>(x.at({i}));
+    const double s = 1.0 / (1.0 + std::exp(-2.0 * 0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)));
+    const double ref = xv * s;
+    const double dref = s + xv * s * (1 - s) * 2 * 0.7978845608028654 * (1 + 3 * 0.044715 * xv * xv);
+    ASSERT_NEAR(static_cast<double>(y.at({i})), ref, ulp * std::abs(ref) + 1e-6) << "gelu at x = " << xv;
+    ASSERT_NEAR(static_cast<double>(x.grad().at({i})), dref, ulp * std::abs(dref) + 1e-6) << "gelu' at x = " << xv;
+  }
+}
+TEST(AmpKernels, VectorizedGeluOn16BitStorage) {
+  check_gelu_16bit<bf16>();
+  check_gelu_16bit<fp16>();
+}
+
+TEST(AmpKernels, AmxBf16GemmMatchesFp64Reference) {
+  if (!backend::cpu::amx_bf16_usable()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or TG_AMX=0 / TG_GEMM_KERNEL set)";
+  using backend::cpu::Trans;
+  struct Case { std::int64_t M, N, K; Trans ta, tb; float beta; bool bias; };
+  const Case cases[] = {{64, 96, 128, Trans::N, Trans::T, 0.f, true},  {37, 50, 77, Trans::N, Trans::N, 0.f, false},
+                        {45, 33, 100, Trans::T, Trans::N, 1.f, false}, {16, 16, 32, Trans::T, Trans::T, 0.5f, true},
+                        {130, 70, 31, Trans::N, Trans::T, 0.f, true},  {5, 200, 64, Trans::N, Trans::N, 0.f, false},
+                        {80, 40, 64, Trans::N, Trans::N, 1.f, true},   {100, 72, 96, Trans::N, Trans::T, 0.f, false}};
+  Generator gen(11);
+  for (const Case& c : cases) {
+    const std::int64_t ar = c.ta == Trans::N ? c.M : c.K, ac = c.ta == Trans::N ? c.K : c.M;
+    const std::int64_t br = c.tb == Trans::N ? c.K : c.N, bc = c.tb == Trans::N ? c.N : c.K;
+    const std::int64_t lda = ac + 3, ldb = bc + 1, ldc = c.N + 2;  // padded leading dimensions
+    std::vector<bf16> A(static_cast<std::size_t>(ar * lda)), B(static_cast<std::size_t>(br * ldb)),
+        C(static_cast<std::size_t>(c.M * ldc));
+    for (auto& v : A) v = bf16(static_cast<float>(gen.uniform() * 2 - 1));
+    for (auto& v : B) v = bf16(static_cast<float>(gen.uniform() * 2 - 1));
+    for (auto& v : C) v = bf16(static_cast<float>(gen.uniform() * 2 - 1));
+    std::vector<float> bias(static_cast<std::size_t>(c.N));
+    for (auto& v : bias) v = static_cast<float>(gen.uniform());
+    const std::vector<bf16> C0 = C;
+    const float alpha = 0.75f;
+    backend::cpu::gemm_bf16_amx(c.ta, c.tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc,
+                                c.bias ? bias.data() : nullptr);
+    for (std::int64_t m = 0; m < c.M; ++m)
+      for (std::int64_t n = 0; n < c.N; ++n) {
+        double ref = 0, mag = 0;
+        for (std::int64_t k = 0; k < c.K; ++k) {
+          const double a = static_cast<float>(c.ta == Trans::N ? A[m * lda + k] : A[k * lda + m]);
+          const double b = static_cast<float>(c.tb == Trans::N ? B[k * ldb + n] : B[n * ldb + k]);
+          ref += a * b;
+          mag += std::abs(a * b);
+        }
+        ref = alpha * ref + c.beta * static_cast<float>(C0[m * ldc + n]) + (c.bias ? bias[n] : 0.f);
+        const double got = static_cast<float>(C[m * ldc + n]);
+        ASSERT_NEAR(got, ref, 1e-5 * mag + 8e-3 * std::abs(ref) + 1e-6)
+            << "M=" << c.M << " N=" << c.N << " K=" << c.K << " at (" << m << ", " << n << ")";
+      }
+    // Padding outside the M x N corner is untouched.
+    for (std::int64_t m = 0; m < c.M; ++m)
+      for (std::int64_t n = c.N; n < ldc; ++n) ASSERT_EQ(C[m * ldc + n].bits, C0[m * ldc + n].bits);
+  }
+}
+
+// ---- training: bf16 and fp16 track fp32 ------------------------------------------------------------------
+// Note [mixed-precision tracking test]
+// The tiny GPT (4 layers, C=128, byte vocabulary) trains for 300 AdamW steps on the fortunes corpus with
+// B=8, T=32 (the same batches in every precision; ~25 s per precision with one thread). The final
+// training loss is the mean over the last 20 steps (single batches differ by more than 2% from step to
+// step; the mean compares the models, not the batches).
+template <class Policy>
+double train_tiny(std::int64_t steps) {
+  const data::ByteTokenizer tok;
+  const auto ds = data::TextDataset::fortunes(tok, 0.1, 32);
+  Generator gen(1337), dgen(1338);
+  const nn::GPT model(nn::GPTConfig::preset("tiny", 256), gen);
+  const auto params = model.named_parameters();
+  optim::AdamW opt(optim::default_groups(params, 0.1f), {.lr = 2e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  optim::Schedule schedule = optim::Warmup{20}.then(optim::Cosine{2e-3f, steps - 20, 2e-4f});
+  optim::GradAccum<1> accum;
+  data::BatchSampler sampler(ds.train(), 8, 32, 7);
+  amp::MixedPrecision<Policy> mp(params, opt);
+  double tail = 0;
+  const std::int64_t last = 20;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const auto b = sampler.next();
+    const auto loss = mp.loss(mp.forward(model, b.inputs, dgen, true), b.targets);
+    if (step >= steps - last) tail += static_cast<double>(loss.item());
+    accum.scale(loss, mp.scaler).backward();
+    if (accum.micro_step(opt, schedule, 1.0, mp.scaler)) mp.after_step(accum);
+  }
+  if constexpr (amp::MixedPrecision<Policy>::scaler_type::scales_loss)
+    std::printf("%s: final scale %g, %lld skipped steps\n", std::string(amp::policy_name<Policy>()).c_str(),
+                mp.scaler.scale(), (long long)accum.skipped_steps());
+  return tail / static_cast<double>(last);
+}
+
+TEST(AmpTraining, Bf16AndFp16TrackFp32OnTheTinyGpt) {
+  const std::int64_t steps = 300;
+  const double f32 = train_tiny<amp::fp32_policy>(steps);
+  const double b16 = train_tiny<amp::bf16_mixed>(steps);
+  const double f16 = train_tiny<amp::fp16_mixed>(steps);
+  std::printf("tiny GPT, %lld steps, final training loss (mean of the last 20): fp32 %.4f, bf16 %.4f (%+.2f%%), fp16 %.4f (%+.2f%%)\n",
+              (long long)steps, f32, b16, 100 * (b16 / f32 - 1), f16, 100 * (f16 / f32 - 1));
+  EXPECT_LT(f32, 3.0) << "the run must actually learn (ln 256 = 5.55 at the start)";
+  EXPECT_NEAR(b16, f32, 0.02 * f32);
+  EXPECT_NEAR(f16, f32, 0.02 * f32);
+}
+
+}  // namespace
