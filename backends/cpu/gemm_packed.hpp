@@ -415,7 +415,7 @@ inline Buffer& thread_buffer(int id) {
 // The next B micro-panel is prefetched into L2 spread over the current panel's kernel calls.
 // Accumulation over the K blocks is in fp32: for fp32 C the partial sums live in C itself (block 0 applies
 // the user's beta, later blocks beta = 1); for 16-bit C with more than one K block they live in an fp32
-// workspace W [m-chunk x nc] (m-chunk chosen so W stays near 4 MiB) and C is rounded once, in the last
+// workspace W [m-chunk x nc] per thread (m-chunk chosen so W stays near 4 MiB) and C is rounded once, in the last
 // block, where the epilogue (bias, bf16 copy) is applied too.
 template <class Kr, class T>
 void run(const GemmArgs<T>& g, int threads) {
@@ -455,7 +455,7 @@ void run(const GemmArgs<T>& g, int threads) {
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));
-  float* wbuf = use_w ? static_cast<float*>(thread_buffer(kBufW).get(sizeof(float) * mch_nom * nc_nom)) : nullptr;
+  const std::size_t w_bytes = use_w ? sizeof(float) * mch_nom * nc_nom : 0;
   const float* bias = g.ep.bias;
   std::uint16_t* o16 = reinterpret_cast<std::uint16_t*>(g.ep.out_bf16);
 
@@ -471,6 +471,10 @@ void run(const GemmArgs<T>& g, int threads) {
     const int tr = t / tn, ts = t % tn;
     E* abuf = static_cast<E*>(thread_buffer(kBufA).get(sizeof(E) * mc_max * kcp_nom));
     E* const b_own = tm == 1 ? static_cast<E*>(thread_buffer(kBufB).get(private_b_bytes(nt))) : bbuf;
+    // W is private to each thread: threads are not synchronised between m-chunks or jc blocks, and the
+    // column split changes with a narrower last jc block, so a thread running ahead into the next block
+    // would otherwise overwrite partial sums its neighbour has not rounded into C yet.
+    float* const wbuf = use_w ? static_cast<float*>(thread_buffer(kBufW).get(w_bytes)) : nullptr;
     alignas(64) float tile[MR * NR];
     for (i64 m_lo = 0; m_lo < M; m_lo += mch_nom) {
       const i64 mch = imin(mch_nom, M - m_lo), pm = ceil_div(mch, MR);
@@ -563,6 +567,7 @@ void run(const GemmArgs<T>& g, int threads) {
     bool ok = true;
     try {
       (void)thread_buffer(kBufA).get(sizeof(E) * mc_max * kcp_nom);
+      if (use_w) (void)thread_buffer(kBufW).get(w_bytes);
       const int team = omp_get_num_threads();
       if (row_parts(team) == 1 && omp_get_thread_num() != 0) (void)thread_buffer(kBufB).get(private_b_bytes(team));
     } catch (...) {

@@ -335,13 +335,38 @@ TEST_P(GemmByKernel, ResultDoesNotDependOnTheThreadCount) {
   if (GetParam() != CpuIsa::reference) EXPECT_EQ(c1, c2);  // the K order per output is fixed by the blocking
 }
 
-/// Several jc blocks of different widths (N = 4200 over NC = 4096) and K blocks, on every thread: the
+/// Runs the OpenMP code with `n` threads for the lifetime of the guard (CTest runs with OMP_NUM_THREADS=1).
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// Several jc blocks of different widths (N = 4200 over NC = 4096) and K blocks, on 2 threads: the
 /// per-thread B shares then differ between blocks, and a thread running ahead must not overwrite a panel
 /// its neighbour still reads. Repeated, since a race shows only sometimes.
 TEST_P(GemmByKernel, ThreadsNeverShareAPanelAcrossBlocksRepeated) {
+  const ThreadCount two(2);
   for (int r = 0; r < 8; ++r) {
     check_gemm<float>({Trans::N, Trans::N, 13, 4200, 400, 1.f, 0.5f}, 1400 + r);
     check_gemm<bf16>({Trans::T, Trans::N, 7, 4130, 300, 1.f, 0.f}, 1500 + r);
+  }
+}
+
+/// 16-bit C with several K blocks keeps fp32 partial sums in a workspace. With several m-chunks
+/// (M = 520 > 2^20 / nc rows) and jc blocks of different widths (N = 4130: 2080 + 2050 columns) the
+/// threads' column shares move between blocks, so a workspace shared between threads would be
+/// overwritten by a thread running ahead into the next chunk. Repeated, since a race shows only sometimes.
+TEST_P(GemmByKernel, SixteenBitOutputWorkspaceIsPrivateToEachThread) {
+  const ThreadCount two(2);
+  for (int r = 0; r < 2; ++r) {
+    check_gemm<bf16>({Trans::N, Trans::N, 520, 4130, 200, 1.f, 0.f}, 1600 + r);
+    check_gemm<fp16>({Trans::N, Trans::T, 520, 4130, 200, 1.f, 0.5f}, 1700 + r);
   }
 }
 
