@@ -283,22 +283,85 @@ inline void transpose8x8(const T* src, i64 lds, float* dst, i64 ldd) {
 }
 #endif
 
+#if defined(__AVX2__)
+/// Panel rows [0, R) of columns kk .. kk+7 of a 32-bit source (row r at src + r * lds) to k-major
+/// dst[kk' * R + r]: 8 x 8 transposes, the last one overlapping the previous ones when R is not a multiple
+/// of 8 (R = 12: rows 0-7, then 4-11; the overlapping rows get the same values twice).
+template <int R, class T>
+inline void transpose_rows8(const T* src, i64 lds, float* dst) {
+  static_assert(R >= 8, "transpose_rows8: a panel has at least 8 rows");
+#pragma GCC unroll 4
+  for (int r = 0; r + 8 <= R; r += 8) transpose8x8(src + r * lds, lds, dst + r, R);
+  if constexpr (R % 8 != 0) transpose8x8(src + (R - 8) * lds, lds, dst + (R - 8), R);
+}
+#endif
+
 template <class E, int R, int KP, class T>
 void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64 kc, E* dst) {
   const i64 kcp = round_up(kc, KP);
   const auto at = [](i64 k, i64 r) { return ((k / KP) * R + r) * KP + k % KP; };
 #if defined(__AVX2__)
-  if constexpr (std::is_same_v<E, float> && KP == 1 && R % 8 == 0) {
+  if constexpr (std::is_same_v<E, float> && KP == 1 && R >= 8) {
     if (k_contiguous && rows == R) {  // full panel, fp32 pack: 8 x 8 transposes, then the k tail
       const i64 k8 = kc / 8 * 8;
       for (i64 k = 0; k < k8; k += 8) {
         if (k % 16 == 0)  // one line per row of the next panel, ahead of its use (no fault past the end)
           for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(src + (R + r) * s_r + k), _MM_HINT_T1);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r += 8) transpose8x8(src + r * s_r + k, s_r, dst + k * R + r, R);
+        transpose_rows8<R>(src + k, s_r, dst + k * R);
       }
       for (i64 r = 0; r < R; ++r)
         for (i64 k = k8; k < kc; ++k) dst[k * R + r] = to_packed<E>(src[r * s_r + k]);
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<E, std::uint16_t> && KP == 2) {
+    // bf16 pairs. A pair (k, k+1) of one row is one 32-bit word of the packed panel: word (k/2) * R + r.
+    std::uint16_t* const d16 = dst;
+    if (k_contiguous && rows == R && R >= 8 && s_r % 2 == 0) {
+      // Contiguous pairs in the source: the word matrix is transposed like an fp32 panel (bits only).
+      const float* sw = reinterpret_cast<const float*>(src);
+      float* dw = reinterpret_cast<float*>(dst);
+      const i64 lds = s_r / 2, pairs = kc / 2, p8 = pairs / 8 * 8;
+      for (i64 kk = 0; kk < p8; kk += 8) {
+        if (kk % 16 == 0)
+          for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(sw + (R + r) * lds + kk), _MM_HINT_T1);
+        transpose_rows8<R>(sw + kk, lds, dw + kk * R);
+      }
+      for (i64 r = 0; r < R; ++r)
+        for (i64 kk = p8; kk < pairs; ++kk) std::memcpy(dw + kk * R + r, sw + r * lds + kk, 4);
+      if (kc % 2 != 0)
+        for (i64 r = 0; r < R; ++r) {
+          d16[((kc / 2) * R + r) * 2] = src[r * s_r + kc - 1].bits;
+          d16[((kc / 2) * R + r) * 2 + 1] = 0;
+        }
+      return;
+    }
+    if (!k_contiguous) {
+      // Rows k and k+1 of the source are interleaved 16 bits at a time, 8 panel rows per step.
+      for (i64 k = 0; k < kcp; k += 2) {
+        const T* s0 = src + k * s_k;
+        const T* s1 = k + 1 < kc ? s0 + s_k : s0;
+        std::uint16_t* d = d16 + (k / 2) * R * 2;
+        i64 r = 0;
+        if (k + 1 < kc) {
+          for (; r + 8 <= rows; r += 8) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1 + r));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * r), _mm_unpacklo_epi16(a, b));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * r + 8), _mm_unpackhi_epi16(a, b));
+          }
+          for (; r < rows; ++r) {
+            d[2 * r] = src[k * s_k + r].bits;
+            d[2 * r + 1] = src[(k + 1) * s_k + r].bits;
+          }
+        } else {  // odd kc: the last k's partner is zero
+          for (; r < rows; ++r) {
+            d[2 * r] = src[k * s_k + r].bits;
+            d[2 * r + 1] = 0;
+          }
+        }
+        for (; r < R; ++r) d[2 * r] = d[2 * r + 1] = 0;
+      }
       return;
     }
   }
