@@ -56,6 +56,27 @@ CpuIsa isa_for(CpuIsa isa) {
   return isa;
 }
 
+/// Cache sizes of this CPU and TG_GEMM_BLOCKING="kc,mc,nc" (elements; 0 or empty keeps the derived value).
+packed::GemmBlocking gemm_blocking() {
+  const CpuCacheSizes& caches = cpu_cache_sizes();
+  packed::GemmBlocking b;
+  b.l1d = caches.l1d;
+  b.l2 = caches.l2;
+  const char* env = std::getenv("TG_GEMM_BLOCKING");
+  if (env == nullptr || *env == '\0') return b;
+  std::int64_t* fields[3] = {&b.kc, &b.mc, &b.nc};
+  const char* p = env;
+  for (int i = 0; i < 3; ++i) {
+    char* end = nullptr;
+    const long long v = std::strtoll(p, &end, 10);
+    TG_CHECK(end != p && v >= 0 && v <= (1LL << 20) && *end == (i < 2 ? ',' : '\0'),
+             "gemm: TG_GEMM_BLOCKING='", env, "' must be three non-negative element counts 'kc,mc,nc' (0 = derived)");
+    *fields[i] = v;
+    p = end + 1;
+  }
+  return b;
+}
+
 /// Threads for one GEMM: 1 inside a parallel region or below ~4 MFLOP, else about one per 2 MFLOP.
 int gemm_threads(std::int64_t M, std::int64_t N, std::int64_t K) {
   if (omp_in_parallel()) return 1;
@@ -127,7 +148,7 @@ template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc,
           const GemmEpilogue& epilogue) {
-  const packed::GemmArgs<T> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  const packed::GemmArgs<T> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue, gemm_blocking()};
   run_one<T>(isa_for<T>(requested_isa()), g, gemm_threads(M, N, K));
 }
 
@@ -143,9 +164,10 @@ void gemm_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64
                   std::int64_t batch) {
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const CpuIsa isa = isa_for<T>(requested_isa());
+  const packed::GemmBlocking blocking = gemm_blocking();
   const auto args = [&](std::int64_t b) {
     return packed::GemmArgs<T>{ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
-                               C + b * stride_c, ldc, GemmEpilogue{}};
+                               C + b * stride_c, ldc, GemmEpilogue{}, blocking};
   };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();

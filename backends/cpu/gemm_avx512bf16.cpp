@@ -35,13 +35,13 @@ struct VecBf16Pairs {
   static void storec(float* p, acc v) { _mm512_storeu_ps(p, v); }
 };
 
-// Blocking (see Note [AVX-512 GEMM blocking]): a B micro-panel is 32 columns x 2 B per k, so KC = 384
-// gives 24 KiB (half of a 48 KiB L1); an A block is 240 x 384 x 2 B = 180 KiB of L2. KC is even, so only
+// Blocking (see Note [AVX-512 GEMM blocking]): a B micro-panel is 32 columns x 2 B per k and takes 6/8 of
+// L1d, so KC = 384 on a 32 KiB L1d (24 KiB); the A block takes a quarter of L2. KC is even, so only
 // the last K block can be odd, and its missing partner is packed as zero on both sides.
 struct Kernel {
   using elem = std::uint16_t;
   static constexpr int MR = 12, NR = 32, KP = 2;
-  static constexpr std::int64_t KC = 384, MC = 240, NC = 4096;
+  static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
   static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
                                               float* c, std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, beta, direct);

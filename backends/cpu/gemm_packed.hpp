@@ -9,6 +9,13 @@
 
 namespace tg::backend::cpu::packed {
 
+/// What the cache blocking is derived from (Note [GEMM blocking from cache sizes]): the data cache sizes in
+/// bytes, and kc / mc / nc forced by TG_GEMM_BLOCKING (0: derived).
+struct GemmBlocking {
+  std::int64_t l1d = 32 * 1024, l2 = 512 * 1024;
+  std::int64_t kc = 0, mc = 0, nc = 0;
+};
+
 /// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
 template <class T>
 struct GemmArgs {
@@ -23,6 +30,7 @@ struct GemmArgs {
   T* C = nullptr;
   std::int64_t ldc = 0;
   GemmEpilogue ep{};
+  GemmBlocking blocking{};
 };
 
 // Entry points of the ISA translation units (gemm_avx2.cpp, gemm_avx512.cpp, gemm_avx512bf16.cpp).
@@ -467,7 +475,7 @@ inline Buffer& thread_buffer(int id) {
 //   jc over N by nc  ->  pc over K by kc: pack op(B) block [kc x nc] (shared by all threads, in L3)
 //   ic over this thread's rows by mc: pack op(A) block [mc x kc] (private, in L2)
 //   jr over this thread's B micro-panels (kc x NR, stays in L1)  ->  ir over the A micro-panels  -> kernel
-// kc, mc, nc are the ISA's KC/MC/NC evened out over the dimension (so K = 768 with KC = 256 is 3 x 256,
+// kc, mc, nc (Note [GEMM blocking from cache sizes]) are evened out over the dimension (so K = 768 with KC = 256 is 3 x 256,
 // not 256+256+256+0) and rounded to KP / MR / NR. Threads form a tm x tn grid (tm * tn = threads): thread
 // (r, s) computes rows part r (whole MR panels) x B micro-panels part s of every block, and packs B panels
 // [t * pn / nt, (t+1) * pn / nt) of the shared block. The grid minimising the largest per-thread tile
@@ -487,9 +495,18 @@ void run(const GemmArgs<T>& g, int threads) {
   constexpr bool c_is_f32 = std::is_same_v<T, float>;
   const i64 M = g.M, N = g.N, K = g.K;
 
-  const i64 nkb = ceil_div(K, Kr::KC);
+  // Note [GEMM blocking from cache sizes]
+  // KC: the B micro-panel (KC x NR elements) fills Kr::kL1Eighths / 8 of L1d, leaving the rest for the A
+  // micro-panel and C's lines streaming past it. MC: the packed A block (MC x KC) takes a quarter of L2.
+  // NC: Kr::NC (the shared B block lives in L3). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps
+  // the derived value). All three are then evened out over their dimension.
+  const GemmBlocking& bk = g.blocking;
+  const i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
+                               : imax(16, bk.l1d * Kr::kL1Eighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
+  const i64 nkb = ceil_div(K, kc_cap);
   const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
-  const i64 nnb = ceil_div(N, Kr::NC);
+  const i64 nc_cap = bk.nc > 0 ? round_up(bk.nc, NR) : Kr::NC;
+  const i64 nnb = ceil_div(N, nc_cap);
   const i64 nc_nom = round_up(ceil_div(N, nnb), NR);
   const i64 pn_nom = nc_nom / NR;
 
@@ -514,7 +531,8 @@ void run(const GemmArgs<T>& g, int threads) {
                                    round_up((i64{1} << 20) / nc_nom, MR))
                             : M;
   const i64 kcp_nom = round_up(kc_nom, KP);
-  const i64 mc_max = round_up(Kr::MC, MR);
+  const i64 mc_max = bk.mc > 0 ? round_up(bk.mc, MR)
+                               : imax(MR, bk.l2 / 4 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));

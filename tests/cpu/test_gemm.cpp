@@ -167,6 +167,35 @@ TEST(CpuFeatures, FlagsAreConsistentAndPrinted) {
               std::string(tg::backend::cpu::cpu_isa_name(tg::backend::cpu::best_cpu_isa())).c_str());
 }
 
+/// Sets TG_GEMM_BLOCKING for the lifetime of the guard.
+class ForceBlocking {
+ public:
+  explicit ForceBlocking(const char* spec) { setenv("TG_GEMM_BLOCKING", spec, 1); }
+  ~ForceBlocking() { unsetenv("TG_GEMM_BLOCKING"); }
+  ForceBlocking(const ForceBlocking&) = delete;
+  ForceBlocking& operator=(const ForceBlocking&) = delete;
+};
+
+TEST(CpuFeatures, CacheSizesArePlausibleAndPrinted) {
+  const auto& c = tg::backend::cpu::cpu_cache_sizes();
+  EXPECT_GE(c.l1d, 4 * 1024);
+  EXPECT_GT(c.l2, c.l1d);
+  EXPECT_GT(c.l3, 0);
+  const std::string s = tg::backend::cpu::cpu_features_string();
+  EXPECT_NE(s.find("; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB"),
+            std::string::npos)
+      << s;
+}
+
+TEST(GemmKernel, MalformedBlockingOverrideThrows) {
+  float a = 1.f, b = 1.f, c = 0.f;
+  for (const char* spec : {"64", "64,x,0", "-1,0,0", "64,0,0,0", "64,0,"}) {
+    ForceBlocking blocking(spec);
+    EXPECT_THROW(tg::backend::cpu::gemm<float>(Trans::N, Trans::N, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1), tg::Error)
+        << spec;
+  }
+}
+
 TEST(GemmKernel, IsaNamesRoundTripAndUnknownNameThrows) {
   for (CpuIsa isa : kAllIsas) EXPECT_EQ(tg::backend::cpu::parse_cpu_isa(tg::backend::cpu::cpu_isa_name(isa)), isa);
   EXPECT_THROW(tg::backend::cpu::parse_cpu_isa("sse9"), tg::Error);
@@ -268,6 +297,18 @@ void sweep_large(std::uint32_t seed) {
 TEST_P(GemmByKernel, Fp32LargerThanTheCacheBlocks) { sweep_large<float>(400); }
 TEST_P(GemmByKernel, Bf16LargerThanTheCacheBlocks) { sweep_large<bf16>(500); }
 TEST_P(GemmByKernel, Fp16LargerThanTheCacheBlocks) { sweep_large<fp16>(600); }
+
+// Small forced blocks make every loop of the nest run several times, with partial blocks in each dimension.
+TEST_P(GemmByKernel, ForcedSmallBlockingMatchesTheReference) {
+  ForceBlocking blocking("20,12,64");
+  std::uint32_t seed = 800;
+  for (Trans ta : kTr)
+    for (Trans tb : kTr) {
+      check_gemm<float>({ta, tb, 50, 130, 75, 1.f, 0.5f}, seed++);
+      check_gemm<bf16>({ta, tb, 50, 130, 75, 1.f, 0.f}, seed++);
+      check_gemm<bf16>({ta, tb, 37, 97, 76, 0.5f, 1.f}, seed++, true);
+    }
+}
 
 TEST_P(GemmByKernel, AlphaBetaAndBetaZeroIgnoresNanInC) {
   std::uint32_t seed = 700;
