@@ -41,6 +41,8 @@ void gemm_avx2(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
 template <class T>
 void gemm_avx512(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
 void gemm_avx512bf16(const GemmArgs<bf16>& g, int threads);
+/// vdpbf16ps flops per second / zmm fp32 FMA flops per second on the calling thread (gemm_avx512bf16.cpp).
+double measure_bf16_dot_speedup();
 const char* kernel_desc_avx2();        // e.g. "avx2-fma packed 6x16"
 const char* kernel_desc_avx512();
 const char* kernel_desc_avx512bf16();

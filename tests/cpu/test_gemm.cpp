@@ -235,14 +235,37 @@ TEST(GemmKernel, DefaultIsTheBestLevelAndNamesTheConversion) {
     case CpuIsa::avx512:
       EXPECT_NE(f32.find("avx512 packed"), std::string::npos) << f32;
       break;
-    case CpuIsa::avx512bf16:
-      EXPECT_NE(b16.find("vdpbf16ps"), std::string::npos) << b16;
+    case CpuIsa::avx512bf16: {  // Note [bf16 kernel choice]: the measured rate decides
+      const double speedup = tg::backend::cpu::gemm_bf16_dot_speedup();
+      EXPECT_GT(speedup, 0.2) << b16;
+      EXPECT_LT(speedup, 8.0) << b16;
+      EXPECT_NE(b16.find("vdpbf16ps measured at"), std::string::npos) << b16;
+      if (speedup >= tg::backend::cpu::kBf16DotMinSpeedup)
+        EXPECT_NE(b16.find("vdpbf16ps packed"), std::string::npos) << b16;
+      else
+        EXPECT_NE(b16.find("bf16 converted to fp32 in packing"), std::string::npos) << b16;
       break;
+    }
     case CpuIsa::reference:
       EXPECT_NE(f32.find("eigen"), std::string::npos) << f32;
       break;
   }
   EXPECT_NE(tg::backend::cpu::gemm_kernel_name(tg::DType::f64).find("eigen"), std::string::npos);
+  if (!tg::backend::cpu::cpu_supports(CpuIsa::avx512bf16)) EXPECT_EQ(tg::backend::cpu::gemm_bf16_dot_speedup(), 0.0);
+}
+
+TEST(GemmKernel, ForcingTheBf16DotLevelOverridesTheMeasuredChoice) {
+  if (!tg::backend::cpu::cpu_supports(CpuIsa::avx512bf16))
+    GTEST_SKIP() << "no avx512_bf16 (" << tg::backend::cpu::cpu_features_string() << ")";
+  {
+    ForceKernel force(CpuIsa::avx512bf16);
+    const std::string b16 = tg::backend::cpu::gemm_kernel_name(tg::DType::bf16);
+    EXPECT_NE(b16.find("vdpbf16ps packed"), std::string::npos) << b16;
+    EXPECT_NE(b16.find("forced by TG_GEMM_KERNEL"), std::string::npos) << b16;
+  }
+  ForceKernel force(CpuIsa::avx512);
+  const std::string b16 = tg::backend::cpu::gemm_kernel_name(tg::DType::bf16);
+  EXPECT_NE(b16.find("bf16 converted to fp32 in packing"), std::string::npos) << b16;
 }
 
 // ---- every kernel level the CPU supports, forced through TG_GEMM_KERNEL -----------------------------------
