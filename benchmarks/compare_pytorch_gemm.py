@@ -22,8 +22,8 @@ SHAPES = [("qkv", 256, 2304, 768), ("attn_proj", 256, 768, 768), ("fc", 256, 307
 PRODUCTS = ["fwd", "dX", "dW"]
 
 
-def run_ours(binary, repetitions, threads):
-    cmd = [binary, "--benchmark_format=json", "--benchmark_filter=^gemm/ours/|^gemm/eigen/|^peak/",
+def run_ours(binary, repetitions, threads, bench_filter="^gemm/ours/|^gemm/eigen/|^peak/"):
+    cmd = [binary, "--benchmark_format=json", f"--benchmark_filter={bench_filter}",
            f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true",
            "--benchmark_min_time=0.3"]
     env = dict(__import__("os").environ, OMP_NUM_THREADS=str(threads))
@@ -78,7 +78,19 @@ def main():
     import torch
     torch.set_num_threads(args.threads)
 
-    context, ours = run_ours(args.bench_gemm, args.repetitions, args.threads)
+    # The machines are shared: each shape runs in its own bench_gemm process, whose % of peak uses the peaks
+    # measured at that process's start, and torch runs right after it, so each row's figures are close in time.
+    context, ours = run_ours(args.bench_gemm, 1, args.threads, "^peak/")
+    per_shape_peaks = []
+    torch_gflops = {}
+    for name, M, N, K in SHAPES:
+        ctx, res = run_ours(args.bench_gemm, args.repetitions, args.threads, f"^gemm/(ours|eigen)/[^/]+/{name}/")
+        ours.update(res)
+        per_shape_peaks.append((name, ctx.get(f"peak_fp32_GFLOPS_{args.threads}threads"),
+                                ctx.get(f"peak_bf16_GFLOPS_{args.threads}threads")))
+        for product in PRODUCTS:
+            for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                torch_gflops[(name, product, prec)] = time_torch(torch, M, N, K, product, dtype)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"ours: fp32 = {context.get('gemm_kernel_fp32')}, bf16 = {context.get('gemm_kernel_bf16')}")
     for k, v in sorted(context.items()):
@@ -87,13 +99,15 @@ def main():
     for (a, b, c), (gf, _, _) in sorted(ours.items()):
         if a == "peak":
             print(f"# measured peak {b} {c}: {gf:.1f} GFLOP/s")
+    for name, p32, p16 in per_shape_peaks:
+        print(f"# peaks measured before {name}: fp32 {p32}; bf16 {p16}")
 
     rows = []
     for name, M, N, K in SHAPES:
         for product in PRODUCTS:
             for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
                 o = ours.get((name, product, prec))
-                t = time_torch(torch, M, N, K, product, dtype)
+                t = torch_gflops[(name, product, prec)]
                 if o is None:
                     continue
                 pct = o[1] if prec == "fp32" else o[2]
