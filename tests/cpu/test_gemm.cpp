@@ -434,6 +434,18 @@ TEST_P(GemmByKernel, SixteenBitOutputWorkspaceIsPrivateToEachThread) {
   }
 }
 
+// Two threads on a 1 x 2 grid with one A block each (M = 100 or 37): several K blocks (800 > KC), two jc
+// blocks (4130 > NC) of different widths, 16-bit outputs through the fp32 workspace, beta and the epilogue.
+TEST_P(GemmByKernel, TwoThreadsAcrossKBlocksJcBlocksAndWorkspace) {
+  const ThreadCount two(2);
+  for (int r = 0; r < 2; ++r) {
+    check_gemm<float>({Trans::N, Trans::T, 100, 4130, 800, 1.f, 0.5f}, 1800 + r, true);
+    check_gemm<bf16>({Trans::N, Trans::N, 100, 4130, 800, 1.f, 0.f}, 1810 + r, true);
+    check_gemm<bf16>({Trans::T, Trans::T, 37, 1000, 900, 0.5f, 1.f}, 1820 + r);
+    check_gemm<fp16>({Trans::T, Trans::N, 100, 4130, 500, 1.f, 0.5f}, 1830 + r);
+  }
+}
+
 /// gemm_batched against per-item checks: A strided, B broadcast (stride 0), C strided with padding.
 template <class T>
 void check_batched(i64 batch, i64 M, i64 N, i64 K, Trans ta, Trans tb, float beta, std::uint32_t seed) {
