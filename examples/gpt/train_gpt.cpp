@@ -23,6 +23,7 @@
 #include <typegrad/data/dataset.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/data/tokenizer.hpp>
+#include <typegrad/io/scaler_state.hpp>
 #include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
@@ -251,31 +252,6 @@ std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& 
   return r.step;
 }
 
-/// The loss scaler's state as the checkpoint stores it; none for NoScaler (nothing to resume).
-template <class Scaler>
-std::optional<tg::io::ScalerStateRecord> scaler_record(const Scaler& scaler) {
-  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
-    return std::nullopt;
-  } else {
-    const tg::amp::ScalerState st = scaler.state();
-    return tg::io::ScalerStateRecord{st.scale, st.growth_tracker, st.skipped_steps, st.steps};
-  }
-}
-/// Puts a checkpoint's scaler state into this run's scaler (its growth/backoff settings stay this run's).
-template <class Scaler>
-void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecord>& saved) {
-  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
-    if (saved) std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
-  } else {
-    if (!saved) return;  // e.g. resuming an fp32 run in fp16: the scaler starts fresh
-    tg::amp::ScalerState st = scaler.state();
-    st.scale = saved->scale;
-    st.growth_tracker = saved->growth_tracker;
-    st.skipped_steps = saved->skipped_steps;
-    st.steps = saved->steps;
-    scaler.load_state(st);
-  }
-}
 
 template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed (--precision)
 int run(const Options& o) {
@@ -309,7 +285,8 @@ int run(const Options& o) {
   }
   std::optional<tg::io::ScalerStateRecord> saved_scaler;
   const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state, saved_scaler);
-  restore_scaler(amp.scaler, saved_scaler);
+  if (!tg::io::restore_scaler(amp.scaler, saved_scaler))
+    std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
   // Loaded masters invalidate the 16-bit copies made at construction.
   if constexpr (Policy::uses_weight_copies)
     if (!o.init_from.empty() || !o.resume.empty()) amp.weights.refresh();
@@ -364,7 +341,7 @@ int run(const Options& o) {
                   human_bytes(mem.bytes_in_use).c_str(), human_time(left).c_str());
     if constexpr (decltype(amp.scaler)::scales_loss)  // fp16: the loss scale and the steps skipped for inf/NaN
       std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | scale %g | skipped %lld",
-                    amp.scaler.scale(), (long long)accum.skipped_steps());
+                    amp.scaler.scale(), (long long)amp.scaler.state().skipped_steps);  // the run's total, across resumes
     const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
     if (tty) std::printf("\r%s\x1b[K", line);
     if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
@@ -379,11 +356,11 @@ int run(const Options& o) {
     if (log.is_open()) {
       log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
           << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
-          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << accum.skipped_steps();
+          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps;
       if (eval_now) log << ",\"val_loss\":" << last_val;
       log << "}\n";
     }
-    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state, scaler_record(amp.scaler));
+    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state, tg::io::scaler_record(amp.scaler));
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
