@@ -2,6 +2,7 @@
 // with live progress, periodic validation, generated samples and a closing summary.
 //   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
+//   train_gpt --device cuda --model gpt2 --precision bf16 --batch 16 --seq 1024   # on a GPU (Note [training on a GPU])
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include <typegrad/amp/amp.hpp>
+#include <typegrad/detail/cuda/runtime.hpp>
 #include <typegrad/data/dataset.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/data/tokenizer.hpp>
@@ -65,6 +67,7 @@ struct Options {
   std::string init_from;  // weights only (safetensors)
   std::string checkpoint = "none";
   std::string precision = "fp32";
+  std::string device = "cpu";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -115,8 +118,21 @@ std::unique_ptr<tg::optim::Optimizer> make_optimizer(const Options& o, const std
   throw tg::Error("--optimizer: unknown optimizer '", o.optimizer, "' (expected adamw, adam, sgd, lamb or adafactor)");
 }
 
+/// AdamW's / Adam's settings in make_optimizer, for the GPU optimizer (tg::optim::DeviceAdam).
+tg::optim::AdamWOptions adam_options(const Options& o) {
+  return {.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay};
+}
+
+/// `t` on the host (a copy when it lives on a device).
+template <class T, class D>
+tg::Tensor<T> to_host(const tg::Tensor<T, D>& t) {
+  if constexpr (std::is_same_v<D, tg::cpu>) return t;
+  else return t.template to<tg::cpu>();
+}
+
 /// Mean cross-entropy over `batches` sequential validation batches (no tape).
-double evaluate(const tg::nn::GPT& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq,
+template <class Model>
+double evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq,
                 std::int64_t batches) {
   tg::NoGrad no_grad;
   auto sampler = tg::data::BatchSampler::sequential(ds.validation(), batch, seq);
@@ -124,13 +140,14 @@ double evaluate(const tg::nn::GPT& model, const tg::data::TextDataset& ds, std::
   double total = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto b = sampler.next();
-    total += static_cast<double>(tg::cross_entropy(model.forward<tg::fp32>(b.inputs), b.targets).item());
+    total += static_cast<double>(tg::cross_entropy(model.template forward<tg::fp32>(b.inputs), b.targets).item());
   }
   return total / static_cast<double>(n);
 }
 
 /// Autoregressive sampling with temperature and top-k from the model's next-token distribution.
-std::string generate(const tg::nn::GPT& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
+template <class Model>
+std::string generate(const Model& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
                      std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen) {
   tg::NoGrad no_grad;
   std::vector<std::int32_t> ids = tok.encode(prompt);
@@ -141,7 +158,7 @@ std::string generate(const tg::nn::GPT& model, const tg::data::ByteTokenizer& to
     const std::int64_t T = static_cast<std::int64_t>(ids.size()) - start;
     auto idx = tg::Tensor<std::int64_t>::empty({1, T});
     for (std::int64_t t = 0; t < T; ++t) idx.data()[t] = ids[static_cast<std::size_t>(start + t)];
-    const auto logits = model.forward<tg::fp32>(idx).contiguous();
+    const auto logits = to_host(model.template forward<tg::fp32>(idx)).contiguous();
     const float* last = logits.data() + (T - 1) * V;
     std::vector<std::int64_t> order(static_cast<std::size_t>(V));
     std::iota(order.begin(), order.end(), 0);
@@ -277,45 +294,77 @@ void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecor
   }
 }
 
-template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed (--precision)
-int run(const Options& o) {
-  if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
-  TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
-  TG_CHECK(o.warmup >= 0 && o.warmup < o.steps, "--warmup must be in [0, --steps), got ", o.warmup);
-  const tg::data::ByteTokenizer tok;
-  const auto ds = o.data.empty() ? tg::data::TextDataset::fortunes(tok, o.val_fraction, o.seq)
-                                 : tg::data::TextDataset::from_file(o.data, tok, o.val_fraction, o.seq);
+// Note [training on a GPU]
+// The CPU objects are the run's reference: the host model (nn::GPT) is built from the seed, --init-from and
+// --resume load into it and its optimizer, and checkpoints are written from them. With --device cuda the
+// loop trains a copy on the GPU (nn::BasicGPT<cuda>, built from the host model after any loading) with
+// optim::DeviceAdam<cuda> (fused multi-tensor Adam/AdamW, state loaded from the host optimizer); before each
+// checkpoint the weights and optimizer state are copied back into the host model and optimizer and saved
+// as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way round. The generators,
+// sampler, schedule and accumulator are host objects on both devices. On the GPU, 16-bit compute converts
+// each fp32 master per use (amp::param_as; no per-step weight copies yet) and fp16's loss scaler is not
+// wired in (main() rejects --precision fp16 with --device cuda), nor are SGD, LAMB and Adafactor, whose
+// multi-tensor kernels do not exist.
 
-  auto config = tg::nn::GPTConfig::preset(o.model, tok.vocab_size());
-  config.block_size = std::max(config.block_size, o.seq);
-  config.dropout = o.dropout;
-  tg::Generator init_gen(o.seed), dropout_gen(o.seed + 1), sample_gen(o.seed + 2);
-  tg::nn::GPT model(config, init_gen);
-  model.set_checkpoint(tg::parse_checkpoint_mode(o.checkpoint));
-  const auto params = model.named_parameters();
-  auto opt = make_optimizer(o, params);
-  tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies
-  auto schedule = make_schedule(o, o.steps);
-  tg::optim::GradAccumRuntime accum(o.grad_accum);
-  tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
-  double loss_ema = 0;
-  std::int64_t tokens_done = 0;
-  const LoopState loop_state{schedule, sampler, init_gen, dropout_gen, sample_gen, accum, loss_ema, tokens_done};
-  TG_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save-dir");
-  TG_CHECK(o.init_from.empty() || o.resume.empty(), "--init-from and --resume exclude each other (a checkpoint holds the weights)");
-  if (!o.init_from.empty()) {
-    tg::io::load_weights(o.init_from, params);
-    std::printf("initialized the weights from %s\n", o.init_from.c_str());
+/// The host side of a run, shared by the CPU and GPU loops.
+struct Run {
+  const Options& o;
+  const tg::data::ByteTokenizer& tok;
+  const tg::data::TextDataset& ds;
+  const tg::nn::GPTConfig& config;
+  const std::vector<tg::optim::Param>& params;  // the host model's
+  tg::optim::Optimizer& host_opt;
+  tg::optim::Schedule& schedule;
+  tg::optim::GradAccumRuntime& accum;
+  tg::data::BatchSampler& sampler;
+  tg::Generator& dropout_gen;
+  tg::Generator& sample_gen;
+  const LoopState& loop_state;
+  std::optional<tg::io::CheckpointDir>& ckpts;
+  double& loss_ema;
+  std::int64_t& tokens_done;
+  std::int64_t start_step;
+};
+
+/// The GPU's counterpart of amp::MixedPrecision for fp32 and bf16: forward in the policy's compute type,
+/// an fp32 loss, no loss scaler (Note [training on a GPU]).
+template <class Policy>
+struct DeviceAmp {
+  using compute_type = tg::amp::storage_t<tg::amp::op::linear, Policy>;
+  using loss_type = tg::amp::storage_t<tg::amp::op::cross_entropy, Policy>;
+  tg::amp::NoScaler scaler;
+  template <class Model>
+  auto forward(const Model& model, const tg::Tensor<std::int64_t>& idx, tg::Generator& gen, bool training = true) const {
+    return model.template forward<compute_type>(idx, gen, training);
   }
-  std::optional<tg::io::ScalerStateRecord> saved_scaler;
-  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state, saved_scaler);
-  restore_scaler(amp.scaler, saved_scaler);
-  // Loaded masters invalidate the 16-bit copies made at construction.
-  if constexpr (Policy::uses_weight_copies)
-    if (!o.init_from.empty() || !o.resume.empty()) amp.weights.refresh();
-  std::optional<tg::io::CheckpointDir> ckpts;
-  if (!o.save_dir.empty()) ckpts.emplace(o.save_dir, o.keep);
+  template <class T, class D>
+  tg::Tensor<loss_type, D> loss(const tg::Tensor<T, D>& logits, const tg::Tensor<std::int64_t>& targets) const {
+    return tg::cross_entropy_as<loss_type>(logits, targets);
+  }
+  template <class Accum>
+  bool after_step(const Accum& accum) const {
+    return !accum.last_step_skipped();
+  }
+};
 
+/// The training loop on device D: `model` and `opt` live there; `sync_host()` copies their weights and
+/// optimizer state into the host model and optimizer before a checkpoint is written from those.
+template <class D, class Model, class Opt, class Amp, class SyncHost>
+int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) {
+  const Options& o = r.o;
+  const auto& tok = r.tok;
+  const auto& ds = r.ds;
+  const auto& config = r.config;
+  const auto& params = r.params;
+  auto& schedule = r.schedule;
+  auto& accum = r.accum;
+  auto& sampler = r.sampler;
+  auto& dropout_gen = r.dropout_gen;
+  auto& sample_gen = r.sample_gen;
+  auto& ckpts = r.ckpts;
+  double& loss_ema = r.loss_ema;
+  std::int64_t& tokens_done = r.tokens_done;
+  const std::int64_t start_step = r.start_step;
   std::ofstream log;
   if (!o.log.empty()) {
     log.open(o.log);
@@ -324,12 +373,14 @@ int run(const Options& o) {
   const bool tty = isatty(fileno(stdout));
   std::printf("typegrad %s | data: %s (%lld train / %lld val tokens, byte-level)\n", TG_VERSION_STRING,
               ds.source().c_str(), static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
-  std::printf("model %s: L=%lld H=%lld C=%lld T=%lld V=%lld, %.2fM parameters | %s, %s schedule, lr %.2g, batch %lldx%lld x%lld accum, %d threads\n",
+  const std::string where = std::is_same_v<D, tg::cuda> ? "GPU: " + tg::backend::cuda::device_description()
+                                                         : std::to_string(tg::backend::cpu::num_threads()) + " threads";
+  std::printf("model %s: L=%lld H=%lld C=%lld T=%lld V=%lld, %.2fM parameters | %s, %s schedule, lr %.2g, batch %lldx%lld x%lld accum, %s\n",
               o.model.c_str(), (long long)config.n_layer, (long long)config.n_head, (long long)config.n_embd,
               (long long)config.block_size, (long long)config.vocab_size, tg::nn::count_parameters(params) / 1e6,
               o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
-              tg::backend::cpu::num_threads());
-  std::printf("activation checkpointing: %s\n", tg::checkpoint_mode_name(model.checkpoint()));
+              where.c_str());
+  std::printf("device %s | activation checkpointing: %s\n", o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()));
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
   std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
   const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
@@ -347,7 +398,7 @@ int run(const Options& o) {
       step_loss += static_cast<double>(loss.item()) / static_cast<double>(o.grad_accum);
       accum.scale(loss, amp.scaler).backward();
       // After each optimizer step, refresh the low-precision weight copies (once per step, not per micro-batch).
-      if (accum.micro_step(*opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
+      if (accum.micro_step(opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
         amp.after_step(accum);
     }
     const double dt = seconds_since(t0);
@@ -356,7 +407,7 @@ int run(const Options& o) {
     loss_ema = step == 1 ? step_loss : 0.9 * loss_ema + 0.1 * step_loss;
     const double tok_s = static_cast<double>(o.batch * o.seq * o.grad_accum * (step - start_step)) / train_time;
     const double left = train_time / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
-    const auto mem = tg::allocator<tg::cpu>().stats();
+    const auto mem = tg::allocator<D>().stats();
     const float lr_used = schedule.lr_at(schedule.step() - 1);
     char line[320];
     std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s | left %s",
@@ -383,13 +434,16 @@ int run(const Options& o) {
       if (eval_now) log << ",\"val_loss\":" << last_val;
       log << "}\n";
     }
-    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save_checkpoint(*ckpts, o, step, params, *opt, loop_state, scaler_record(amp.scaler));
+    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
+      sync_host();
+      save_checkpoint(*ckpts, o, step, params, r.host_opt, r.loop_state, scaler_record(amp.scaler));
+    }
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
   const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen);
   std::printf("\n--- sample (temperature %.2f, top-k %lld) ---\n%s\n---\n", o.temperature, (long long)o.top_k, sample.c_str());
-  const auto mem = tg::allocator<tg::cpu>().stats();
+  const auto mem = tg::allocator<D>().stats();
   std::printf("\nsummary\n");
   std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
   std::printf("  train loss (ema)  %.4f\n", loss_ema);
@@ -401,6 +455,66 @@ int run(const Options& o) {
               human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
   std::printf("  wall time         %s\n", human_time(seconds_since(t_start)).c_str());
   return 0;
+}
+
+
+template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed (--precision)
+int run(const Options& o) {
+  if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
+  TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
+  TG_CHECK(o.warmup >= 0 && o.warmup < o.steps, "--warmup must be in [0, --steps), got ", o.warmup);
+  const tg::data::ByteTokenizer tok;
+  const auto ds = o.data.empty() ? tg::data::TextDataset::fortunes(tok, o.val_fraction, o.seq)
+                                 : tg::data::TextDataset::from_file(o.data, tok, o.val_fraction, o.seq);
+
+  auto config = tg::nn::GPTConfig::preset(o.model, tok.vocab_size());
+  config.block_size = std::max(config.block_size, o.seq);
+  config.dropout = o.dropout;
+  tg::Generator init_gen(o.seed), dropout_gen(o.seed + 1), sample_gen(o.seed + 2);
+  tg::nn::GPT model(config, init_gen);
+  model.set_checkpoint(tg::parse_checkpoint_mode(o.checkpoint));
+  const auto params = model.named_parameters();
+  auto opt = make_optimizer(o, params);
+  auto schedule = make_schedule(o, o.steps);
+  tg::optim::GradAccumRuntime accum(o.grad_accum);
+  tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
+  double loss_ema = 0;
+  std::int64_t tokens_done = 0;
+  const LoopState loop_state{schedule, sampler, init_gen, dropout_gen, sample_gen, accum, loss_ema, tokens_done};
+  TG_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save-dir");
+  TG_CHECK(o.init_from.empty() || o.resume.empty(), "--init-from and --resume exclude each other (a checkpoint holds the weights)");
+  if (!o.init_from.empty()) {
+    tg::io::load_weights(o.init_from, params);
+    std::printf("initialized the weights from %s\n", o.init_from.c_str());
+  }
+  std::optional<tg::io::ScalerStateRecord> saved_scaler;
+  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state, saved_scaler);
+  std::optional<tg::io::CheckpointDir> ckpts;
+  if (!o.save_dir.empty()) ckpts.emplace(o.save_dir, o.keep);
+
+  Run r{o, tok, ds, config, params, *opt, schedule, accum, sampler, dropout_gen, sample_gen, loop_state, ckpts,
+        loss_ema, tokens_done, start_step};
+  if (o.device == "cuda") {
+    if constexpr (std::is_same_v<tg::amp::default_scaler_t<Policy>, tg::amp::NoScaler>) {
+      // Note [training on a GPU]: the GPU model starts from the host model after --init-from / --resume.
+      const tg::nn::BasicGPT<tg::cuda> gpu_model(model);
+      const auto gpu_params = gpu_model.named_parameters();
+      tg::optim::DeviceAdam<tg::cuda> gpu_opt(gpu_params, adam_options(o), o.optimizer == "adamw");
+      gpu_opt.load_state(opt->state_tensors());
+      DeviceAmp<Policy> amp;
+      restore_scaler(amp.scaler, saved_scaler);
+      auto sync_host = [&] {
+        tg::nn::copy_parameter_values(gpu_params, params);
+        opt->load_state(gpu_opt.state_tensors());
+      };
+      return train<tg::cuda>(r, gpu_model, gpu_opt, amp, sync_host);
+    } else {
+      throw tg::Error("--device cuda: --precision ", o.precision, " needs a loss scaler, which the GPU trainer does not have yet");
+    }
+  }
+  tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies (of the loaded masters)
+  restore_scaler(amp.scaler, saved_scaler);
+  return train<tg::cpu>(r, model, *opt, amp, [] {});
 }
 
 }  // namespace
@@ -442,8 +556,18 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", o.init_from, "initialize the weights from a safetensors file (weights only)");
   app.add_option("--precision", o.precision, "fp32, or mixed precision with bf16 / fp16 compute (fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--device", o.device, "where to train: cpu, or cuda (the first GPU; adamw/adam, fp32/bf16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   try {
+    if (o.device == "cuda") {  // before any work (Note [training on a GPU])
+      TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",
+               tg::backend::cuda::device_description(), "); train on the CPU with --device cpu");
+      TG_CHECK(o.optimizer == "adamw" || o.optimizer == "adam", "--device cuda: --optimizer ", o.optimizer,
+               " has no GPU kernels yet; use adamw or adam, or --device cpu");
+      TG_CHECK(o.precision != "fp16", "--device cuda: --precision fp16 needs the loss scaler, which the GPU trainer ",
+               "does not have yet; use bf16 or fp32, or --device cpu");
+    }
     return tg::amp::with_precision(o.precision, [&]<class Policy>() { return run<Policy>(o); });
   } catch (const tg::Error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());

@@ -67,7 +67,10 @@ class NoScaler {
   static constexpr const char* kind() { return "none"; }
   double scale() const { return 1.0; }
   /// Nothing to unscale; reports no overflow (an fp32/bf16 run steps whatever the gradients hold).
-  bool unscale(const optim::Optimizer&) { return false; }
+  template <class Opt>
+  bool unscale(const Opt&) {
+    return false;
+  }
   void update(bool found_inf) {
     (void)found_inf;
     ++steps_;
