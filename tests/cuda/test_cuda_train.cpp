@@ -53,9 +53,10 @@ std::pair<tg::Tensor<std::int64_t>, tg::Tensor<std::int64_t>> batch(std::uint64_
 }
 
 // fp32: the backends differ by summation order (~1e-6 relative per op). bf16: one rounding (2^-8) of an
-// activation can differ, and gradients pass through several; 3e-2 of each tensor's largest entry.
+// activation can differ, and gradients pass through several; 3e-2 of each tensor's largest entry for the
+// logits, 1e-1 for gradients (a wrong or missing term gives errors of order 1).
 template <class T>
-void compare_gpt(double tol) {
+void compare_gpt(double tol, double grad_tol) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator gen(42);
   const tg::nn::GPT cpu_model(kTiny, gen);
@@ -78,13 +79,13 @@ void compare_gpt(double tol) {
   gpu_loss.backward();
   for (std::size_t i = 0; i < cpu_params.size(); ++i) {
     ASSERT_TRUE(gpu_params[i].tensor.grad().defined()) << gpu_params[i].name;
-    EXPECT_LT(rel_err(values(gpu_params[i].tensor.grad()), host_values(cpu_params[i].tensor.grad())), 10 * tol)
+    EXPECT_LT(rel_err(values(gpu_params[i].tensor.grad()), host_values(cpu_params[i].tensor.grad())), grad_tol)
         << "gradient of " << cpu_params[i].name << " in " << tg::dtype_traits<T>::name;
   }
 }
 
-TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInFp32) { compare_gpt<tg::fp32>(1e-4); }
-TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInBf16) { compare_gpt<tg::bf16>(3e-2); }
+TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInFp32) { compare_gpt<tg::fp32>(1e-4, 1e-3); }
+TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInBf16) { compare_gpt<tg::bf16>(3e-2, 1e-1); }
 
 TEST(GptCuda, CheckpointedBlocksGiveTheSameGradients) {
   TG_SKIP_WITHOUT_GPU();
