@@ -55,7 +55,7 @@ losses gpu_full.jsonl | sed -n '4,6p' > gpu_full_tail.txt
 losses cpu_resumed.jsonl > cpu_resumed.txt
 close gpu_full_tail.txt cpu_resumed.txt 1e-3 1e-2
 "$T" "${C[@]}" --device cpu --save-dir cpu_ckpt --save-every 3 --keep 0 --log cpu_full.jsonl > cpu_full.out
-"$T" "${C[@]}" --device cuda --resume cpu_ckpt --log gpu_resumed.jsonl > gpu_resumed.out
+"$T" "${C[@]}" --device cuda --resume cpu_ckpt/ckpt-00000003.safetensors --log gpu_resumed.jsonl > gpu_resumed.out
 losses cpu_full.jsonl | sed -n '4,6p' > cpu_full_tail.txt
 losses gpu_resumed.jsonl > gpu_resumed.txt
 close cpu_full_tail.txt gpu_resumed.txt 1e-3 1e-2
