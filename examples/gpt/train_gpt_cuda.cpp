@@ -1,5 +1,5 @@
 // train_gpt's GPU path (Note [training on a GPU], trainer.hpp), in its own translation unit so the CUDA
-// instantiations of the model and the loop compile next to the CPU ones, once per supported precision.
+// instantiations of the model and the loop compile next to the CPU ones, once per precision.
 //   train_gpt --device cuda --precision bf16
 #include "trainer.hpp"
 
@@ -24,5 +24,6 @@ int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::
 
 template int train_on_cuda<tg::amp::fp32_policy>(Run&, const tg::nn::GPT&, const std::optional<tg::io::ScalerStateRecord>&);
 template int train_on_cuda<tg::amp::bf16_mixed>(Run&, const tg::nn::GPT&, const std::optional<tg::io::ScalerStateRecord>&);
+template int train_on_cuda<tg::amp::fp16_mixed>(Run&, const tg::nn::GPT&, const std::optional<tg::io::ScalerStateRecord>&);
 
 }  // namespace train_gpt

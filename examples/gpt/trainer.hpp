@@ -302,9 +302,9 @@ void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecor
 // checkpoint the weights and optimizer state are copied back into the host model and optimizer and saved
 // as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way round. The generators,
 // sampler, schedule and accumulator are host objects on both devices. On the GPU, 16-bit compute converts
-// each fp32 master per use (amp::param_as; no per-step weight copies yet) and fp16's loss scaler is not
-// wired in (main() rejects --precision fp16 with --device cuda), nor are SGD, LAMB and Adafactor, whose
-// multi-tensor kernels do not exist.
+// each fp32 master per use (amp::param_as; no per-step weight copies yet); fp16's DynamicScaler unscales
+// and checks the GPU gradients in one launch (amp::detail::unscale_grads). SGD, LAMB and Adafactor have no
+// multi-tensor kernels: main() rejects them with --device cuda.
 
 /// The host side of a run, shared by the CPU and GPU loops.
 struct Run {
@@ -326,13 +326,13 @@ struct Run {
   std::int64_t start_step;
 };
 
-/// The GPU's counterpart of amp::MixedPrecision for fp32 and bf16: forward in the policy's compute type,
-/// an fp32 loss, no loss scaler (Note [training on a GPU]).
+/// The GPU's counterpart of amp::MixedPrecision: forward in the policy's compute type, an fp32 loss, the
+/// policy's default loss scaler (DynamicScaler for fp16), no per-step weight copies (Note [training on a GPU]).
 template <class Policy>
 struct DeviceAmp {
   using compute_type = tg::amp::storage_t<tg::amp::op::linear, Policy>;
   using loss_type = tg::amp::storage_t<tg::amp::op::cross_entropy, Policy>;
-  tg::amp::NoScaler scaler;
+  tg::amp::default_scaler_t<Policy> scaler;
   template <class Model>
   auto forward(const Model& model, const tg::Tensor<std::int64_t>& idx, tg::Generator& gen, bool training = true) const {
     return model.template forward<compute_type>(idx, gen, training);
@@ -464,6 +464,8 @@ int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::
 extern template int train_on_cuda<tg::amp::fp32_policy>(Run&, const tg::nn::GPT&,
                                                         const std::optional<tg::io::ScalerStateRecord>&);
 extern template int train_on_cuda<tg::amp::bf16_mixed>(Run&, const tg::nn::GPT&,
+                                                      const std::optional<tg::io::ScalerStateRecord>&);
+extern template int train_on_cuda<tg::amp::fp16_mixed>(Run&, const tg::nn::GPT&,
                                                       const std::optional<tg::io::ScalerStateRecord>&);
 
 }  // namespace train_gpt

@@ -4,6 +4,7 @@
 // The CUDA side is tests/cuda/test_cuda_train.cpp.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -109,6 +110,37 @@ TEST(DeviceAdamCpu, ClippingMatchesClipGradNorm) {
     for (std::size_t i = 0; i < a.size(); ++i)
       EXPECT_LT(tg::optim::testing::rel_err_inf(a[i].tensor.grad(), b[i].tensor.grad()), 1e-6) << a[i].name;
   }
+}
+
+// fp16's loss scaler on a DeviceAdam (amp::detail::unscale_grads, generic over the optimizer): the same
+// unscaled step as with AdamW, and the same skip (nothing changes, the scale halves) on an inf gradient.
+TEST(DeviceAdamCpu, DynamicScalerUnscalesAndSkipsLikeWithAdamW) {
+  const tg::optim::AdamWOptions o{.lr = 1e-2f, .weight_decay = 0.1f};
+  auto ref_params = three_params(21), dev_params = three_params(21);
+  tg::optim::AdamW ref(tg::optim::default_groups(ref_params, o.weight_decay), o);
+  tg::optim::DeviceAdam<tg::cpu> dev(dev_params, o);
+  tg::amp::DynamicScaler ref_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0}),
+      dev_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0});
+  tg::optim::Schedule ref_sched = tg::optim::Constant{1e-2f}, dev_sched = tg::optim::Constant{1e-2f};
+  tg::optim::GradAccumRuntime ref_acc(1), dev_acc(1);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < ref_params.size(); ++i) {
+      tg::Tensor<tg::fp32> g = random_like(ref_params[i], 300 + 10 * step + i, 1024.f);  // gradients of a scaled loss
+      if (step == 1 && i == 0) g.data()[3] = std::numeric_limits<float>::infinity();
+      set_grad(ref_params[i], g);
+      set_grad(dev_params[i], g.clone());
+    }
+    const auto before = dev_params[1].tensor.to_vector();
+    ref_acc.micro_step(ref, ref_sched, 1.0, ref_scaler);
+    dev_acc.micro_step(dev, dev_sched, 1.0, dev_scaler);
+    EXPECT_EQ(dev_acc.last_step_skipped(), step == 1);
+    EXPECT_EQ(dev_scaler.state(), ref_scaler.state());
+    if (step == 1) EXPECT_EQ(dev_params[1].tensor.to_vector(), before) << "a skipped step must change nothing";
+    for (std::size_t i = 0; i < ref_params.size(); ++i)
+      EXPECT_EQ(dev_params[i].tensor.to_vector(), ref_params[i].tensor.to_vector()) << ref_params[i].name << " step " << step;
+  }
+  EXPECT_EQ(dev.step_count(), 2);
+  EXPECT_EQ(dev_scaler.scale(), 512.0);
 }
 
 TEST(CopyParameterValues, CopiesByNameAndRejectsAMismatch) {

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # train_gpt --device cuda end to end on a GPU (skips with exit 77 without one):
-#  1. fp32 and bf16: 6 optimizer steps (2 micro-batches each, clipping, warmup + cosine, dropout off) on
+#  1. fp32, bf16 and fp16 (loss scaling): 6 optimizer steps (2 micro-batches each, clipping, warmup + cosine, dropout off) on
 #     the GPU log the CPU's losses within tolerance;
 #  2. a GPU checkpoint resumes on the CPU and a CPU checkpoint on the GPU (one file format), and the
 #     resumed runs continue with the uninterrupted run's losses within tolerance;
-#  3. --checkpoint blocks, sampling and evaluation run on the GPU; --optimizer sgd and --precision fp16
-#     with --device cuda are clear errors.
+#  3. --checkpoint blocks, sampling and evaluation run on the GPU; --optimizer sgd and lamb with
+#     --device cuda are clear errors.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -38,7 +38,7 @@ for (sa, la), (sb, lb) in zip(a, b):
 print(f"{len(a)} steps agree")
 PY
 }
-for p in fp32 bf16; do
+for p in fp32 bf16 fp16; do
   "$T" "${C[@]}" --precision $p --device cpu --log cpu_$p.jsonl > cpu_$p.out
   "$T" "${C[@]}" --precision $p --device cuda --log gpu_$p.jsonl > gpu_$p.out
   grep -q "GPU: " gpu_$p.out
@@ -46,7 +46,7 @@ for p in fp32 bf16; do
   losses gpu_$p.jsonl > gpu_$p.txt
   if [ $p = fp32 ]; then close cpu_$p.txt gpu_$p.txt 1e-3 1e-2; else close cpu_$p.txt gpu_$p.txt 1e-2 3e-2; fi
 done
-echo "1. fp32 and bf16: GPU losses match the CPU's"
+echo "1. fp32, bf16 and fp16: GPU losses match the CPU's"
 
 "$T" "${C[@]}" --device cuda --save-dir gpu_ckpt --save-every 3 --keep 0 --log gpu_full.jsonl > gpu_full.out
 "$T" "${C[@]}" --device cpu --resume gpu_ckpt/ckpt-00000003.safetensors --log cpu_resumed.jsonl > cpu_resumed.out
@@ -68,7 +68,7 @@ losses gpu_blocks.jsonl > gpu_blocks.txt
 losses gpu_fp32.jsonl > gpu_fp32_again.txt
 close gpu_fp32_again.txt gpu_blocks.txt 1e-4 1e-3
 grep -q "sample at step 3" gpu_blocks.out
-for bad in "--optimizer sgd" "--precision fp16"; do
+for bad in "--optimizer sgd" "--optimizer lamb"; do
   if "$T" "${C[@]}" --device cuda $bad > bad.out 2> bad.err; then echo "FAIL: --device cuda $bad trained"; exit 1; fi
   grep -q "train_gpt: error: --device cuda: " bad.err
 done
