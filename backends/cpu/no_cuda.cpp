@@ -109,6 +109,27 @@ void adam_step_multi(const AdamTensor*, int, double, double, double, double, dou
   no_backend("adam_step_multi");
 }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
+template <class T>
+void sgd_step(T*, const T*, T*, std::int64_t, const SgdScalars&) {
+  no_backend("sgd_step");
+}
+template <class T>
+double lamb_step(T*, const T*, T*, T*, std::int64_t, const LambScalars&) {
+  no_backend("lamb_step");
+}
+template <class T>
+void adafactor_step_factored(T*, const T*, T*, T*, T*, std::int64_t, std::int64_t, const AdafactorScalars&) {
+  no_backend("adafactor_step_factored");
+}
+template <class T>
+void adafactor_step_full(T*, const T*, T*, T*, std::int64_t, const AdafactorScalars&) {
+  no_backend("adafactor_step_full");
+}
+template void sgd_step<float>(float*, const float*, float*, std::int64_t, const SgdScalars&);
+template double lamb_step<float>(float*, const float*, float*, float*, std::int64_t, const LambScalars&);
+template void adafactor_step_factored<float>(float*, const float*, float*, float*, float*, std::int64_t, std::int64_t,
+                                             const AdafactorScalars&);
+template void adafactor_step_full<float>(float*, const float*, float*, float*, std::int64_t, const AdafactorScalars&);
 
 #define TG_INSTANTIATE(T)                                                                                          \
   template void binary<T>(math::Binary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&);        \

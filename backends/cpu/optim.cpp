@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "typegrad/detail/cpu/optim_kernels.hpp"
+#include "typegrad/detail/math.hpp"
 
 namespace tg::backend::cpu {
 
@@ -32,19 +33,16 @@ void scale_inplace(T* x, std::int64_t n, double s) {
 // p -= lr·d.
 template <class T>
 void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s) {
-  const T lr = static_cast<T>(s.lr), mu = static_cast<T>(s.momentum), wd = static_cast<T>(s.weight_decay);
-  const T damp = static_cast<T>(1.0 - s.dampening);
-  const bool use_mom = s.momentum != 0.0, first = s.first_step, nesterov = s.nesterov, use_wd = s.weight_decay != 0.0;
+  const auto c = math::sgd_consts<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
+  if (c.use_mom) {
 #pragma omp parallel for schedule(static) if (n > kGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
-    T d = g[i];
-    if (use_wd) d = d + wd * p[i];
-    if (use_mom) {
-      const T b = first ? d : mu * buf[i] + damp * d;
-      buf[i] = b;
-      d = nesterov ? d + mu * b : b;
+    for (std::int64_t i = 0; i < n; ++i) math::sgd_update(p[i], g[i], buf[i], c);
+  } else {
+#pragma omp parallel for schedule(static) if (n > kGrain)
+    for (std::int64_t i = 0; i < n; ++i) {
+      T unused{};
+      math::sgd_update(p[i], g[i], unused, c);
     }
-    p[i] = p[i] - lr * d;
   }
 }
 
@@ -78,46 +76,22 @@ void adam_step(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars& 
 // (cheaper than a scratch buffer) and applies p -= lr·trust·u.
 template <class T>
 double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s) {
-  const T inv_bc1 = static_cast<T>(1.0 / (1.0 - std::pow(s.beta1, static_cast<double>(s.step))));
-  const T inv_bc2 = static_cast<T>(1.0 / (1.0 - std::pow(s.beta2, static_cast<double>(s.step))));
-  const T b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
-  const T one_b1 = static_cast<T>(1.0 - s.beta1), one_b2 = static_cast<T>(1.0 - s.beta2);
-  const T eps = static_cast<T>(s.eps), wd = static_cast<T>(s.weight_decay);
+  const auto c = math::lamb_consts<T>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
   double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un) if (n > kGrain)
   for (std::int64_t i = 0; i < n; ++i) {
-    const T gi = g[i];
-    const T mi = m[i] * b1 + one_b1 * gi;
-    const T vi = v[i] * b2 + one_b2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const T u = (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps) + wd * p[i];
+    math::lamb_moments(g[i], m[i], v[i], c);
+    const T u = math::lamb_direction(p[i], m[i], v[i], c);
     pn += static_cast<double>(p[i]) * static_cast<double>(p[i]);
     un += static_cast<double>(u) * static_cast<double>(u);
   }
-  const double trust = (pn > 0 && un > 0) ? std::sqrt(pn) / std::sqrt(un) : 1.0;
+  const double trust = lamb_trust_ratio(pn, un);
   const T scale = static_cast<T>(s.lr * trust);
 #pragma omp parallel for schedule(static) if (n > kGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T u = (m[i] * inv_bc1) / (std::sqrt(v[i] * inv_bc2) + eps) + wd * p[i];
-    p[i] = p[i] - scale * u;
-  }
+  for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] - scale * math::lamb_direction(p[i], m[i], v[i], c);
   return trust;
 }
 
-namespace {
-// The shared tail of Adafactor: given RMS(U) and RMS(X_{t-1}), Û = U / max(1, RMS(U)/d),
-// α = ρ·max(ε2, RMS(X)) (or ρ), [m = β1·m + (1-β1)·Û], X -= α·wd·X + α·(m or Û).
-struct AdafactorApply {
-  double alpha, clip_div;
-};
-AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum, double p_sq_sum, std::int64_t n) {
-  const double rms_u = std::sqrt(u_sq_sum / static_cast<double>(n));
-  const double rms_p = std::sqrt(p_sq_sum / static_cast<double>(n));
-  const double alpha = s.scale_parameter ? s.rho * std::max(s.eps2, rms_p) : s.rho;
-  return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
-}
-}  // namespace
 
 // Pass 1: row sums of G²+ε1 (parallel over rows) and column sums (parallel over blocks of columns, a
 // thread-local fp64 accumulator per block), then R, C updated with β2_t. Pass 2: RMS(U), RMS(X).

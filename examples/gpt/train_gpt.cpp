@@ -48,7 +48,7 @@ int run(const Options& o) {
         loss_ema, tokens_done, start_step};
   if (o.device == "cuda") return train_on_cuda<Policy>(r, model, saved_scaler);
   tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies (of the loaded masters)
-  restore_scaler(amp.scaler, saved_scaler);
+  restore_scaler_or_warn(amp.scaler, saved_scaler);
   return train<tg::cpu>(r, model, *opt, amp, [] {});
 }
 
@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
       TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",
                tg::backend::cuda::device_description(), "); train on the CPU with --device cpu");
       TG_CHECK(o.optimizer == "adamw" || o.optimizer == "adam", "--device cuda: --optimizer ", o.optimizer,
-               " has no GPU kernels yet; use adamw or adam, or --device cpu");
+               " is not on the GPU trainer yet (only adamw and adam have a device ",
+               "optimizer); use one of those, or --device cpu");
     }
     return tg::amp::with_precision(o.precision, [&]<class Policy>() { return train_gpt::run<Policy>(o); });
   } catch (const tg::Error& e) {

@@ -14,7 +14,7 @@ int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::
   tg::optim::DeviceAdam<tg::cuda> gpu_opt(gpu_params, adam_options(r.o), r.o.optimizer == "adamw");
   gpu_opt.load_state(r.host_opt.state_tensors());
   DeviceAmp<Policy> amp;
-  restore_scaler(amp.scaler, saved_scaler);
+  restore_scaler_or_warn(amp.scaler, saved_scaler);
   auto sync_host = [&] {  // before each checkpoint: the GPU's weights and state into the host objects
     tg::nn::copy_parameter_values(gpu_params, r.params);
     r.host_opt.load_state(gpu_opt.state_tensors());

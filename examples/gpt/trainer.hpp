@@ -25,6 +25,7 @@
 #include <typegrad/data/dataset.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/data/tokenizer.hpp>
+#include <typegrad/io/scaler_state.hpp>
 #include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
@@ -268,32 +269,6 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   return r.step;
 }
 
-/// The loss scaler's state as the checkpoint stores it; none for NoScaler (nothing to resume).
-template <class Scaler>
-std::optional<tg::io::ScalerStateRecord> scaler_record(const Scaler& scaler) {
-  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
-    return std::nullopt;
-  } else {
-    const tg::amp::ScalerState st = scaler.state();
-    return tg::io::ScalerStateRecord{st.scale, st.growth_tracker, st.skipped_steps, st.steps};
-  }
-}
-/// Puts a checkpoint's scaler state into this run's scaler (its growth/backoff settings stay this run's).
-template <class Scaler>
-void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecord>& saved) {
-  if constexpr (std::is_same_v<Scaler, tg::amp::NoScaler>) {
-    if (saved) std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
-  } else {
-    if (!saved) return;  // e.g. resuming an fp32 run in fp16: the scaler starts fresh
-    tg::amp::ScalerState st = scaler.state();
-    st.scale = saved->scale;
-    st.growth_tracker = saved->growth_tracker;
-    st.skipped_steps = saved->skipped_steps;
-    st.steps = saved->steps;
-    scaler.load_state(st);
-  }
-}
-
 // Note [training on a GPU]
 // The CPU objects are the run's reference: the host model (nn::GPT) is built from the seed, --init-from and
 // --resume load into it and its optimizer, and checkpoints are written from them. With --device cuda the
@@ -303,8 +278,16 @@ void restore_scaler(Scaler& scaler, const std::optional<tg::io::ScalerStateRecor
 // as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way round. The generators,
 // sampler, schedule and accumulator are host objects on both devices. On the GPU, 16-bit compute converts
 // each fp32 master per use (amp::param_as; no per-step weight copies yet); fp16's DynamicScaler unscales
-// and checks the GPU gradients in one launch (amp::detail::unscale_grads). SGD, LAMB and Adafactor have no
-// multi-tensor kernels: main() rejects them with --device cuda.
+// and checks the GPU gradients in one launch (amp::detail::unscale_grads). SGD, LAMB and Adafactor have
+// per-tensor CUDA kernels but no device optimizer yet: main() rejects them with --device cuda.
+
+/// A checkpoint's loss-scaler state into `scaler` (tg::io::restore_scaler), with the warning when this run's
+/// precision has no scaler to take it.
+template <class Scaler>
+void restore_scaler_or_warn(Scaler& scaler, const std::optional<tg::io::ScalerStateRecord>& saved) {
+  if (!tg::io::restore_scaler(scaler, saved))
+    std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
+}
 
 /// The host side of a run, shared by the CPU and GPU loops.
 struct Run {
@@ -415,7 +398,7 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
                   human_bytes(mem.bytes_in_use).c_str(), human_time(left).c_str());
     if constexpr (decltype(amp.scaler)::scales_loss)  // fp16: the loss scale and the steps skipped for inf/NaN
       std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | scale %g | skipped %lld",
-                    amp.scaler.scale(), (long long)accum.skipped_steps());
+                    amp.scaler.scale(), (long long)amp.scaler.state().skipped_steps);  // the run's total, across resumes
     const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
     if (tty) std::printf("\r%s\x1b[K", line);
     if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
@@ -430,13 +413,13 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     if (log.is_open()) {
       log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
           << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
-          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << accum.skipped_steps();
+          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps;
       if (eval_now) log << ",\"val_loss\":" << last_val;
       log << "}\n";
     }
     if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
       sync_host();
-      save_checkpoint(*ckpts, o, step, params, r.host_opt, r.loop_state, scaler_record(amp.scaler));
+      save_checkpoint(*ckpts, o, step, params, r.host_opt, r.loop_state, tg::io::scaler_record(amp.scaler));
     }
     std::fflush(stdout);
   }

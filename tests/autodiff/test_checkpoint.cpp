@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <typegrad/amp/amp.hpp>
 #include <typegrad/autodiff/checkpoint.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
@@ -320,6 +321,81 @@ TEST(CheckpointRegion, ComposesWithGradientAccumulation) {
     for (std::size_t i = 0; i < ref.size(); ++i)
       EXPECT_TRUE(same_bits(ref[i], got[i])) << tg::checkpoint_mode_name(m) << ": parameter " << i << " after the step";
   }
+}
+
+/// Two optimizer steps of GradAccum<2> under amp::MixedPrecision<Policy> (fp32 masters, per-step 16-bit
+/// copies, the policy's loss scaler), dropout on: the weights, the gradient norm and the loss scale after.
+template <class Policy>
+std::vector<std::vector<float>> mixed_precision_steps(CheckpointMode m) {
+  const auto cfg = small_config(0.1f);
+  tg::Generator init(7), drop(11);
+  tg::nn::GPT model(cfg, init);
+  model.set_checkpoint(m);
+  const auto ps = model.named_parameters();
+  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  tg::amp::MixedPrecision<Policy> amp(ps, opt);
+  tg::optim::Schedule schedule = tg::optim::Constant{1e-2f};
+  tg::optim::GradAccum<2> accum;
+  for (int micro = 0; micro < 4; ++micro) {
+    const auto idx = tokens(2, 16, cfg.vocab_size, 30 + micro), tgt = tokens(2, 16, cfg.vocab_size, 40 + micro);
+    accum.scale(amp.loss(amp.forward(model, idx, drop), tgt), amp.scaler).backward();
+    if (accum.micro_step(opt, schedule, 1.0, amp.scaler)) {
+      EXPECT_FALSE(accum.last_step_skipped()) << "no overflow expected in this run";
+      amp.after_step(accum);
+    }
+  }
+  std::vector<std::vector<float>> values;
+  for (const auto& p : ps) values.push_back(p.tensor.to_vector());
+  values.push_back({static_cast<float>(accum.last_grad_norm()), static_cast<float>(amp.scaler.scale())});
+  return values;
+}
+
+template <class Policy>
+void expect_checkpointing_composes_with(const char* what) {
+  const auto ref = mixed_precision_steps<Policy>(CheckpointMode::none);
+  for (CheckpointMode m : {CheckpointMode::selective, CheckpointMode::blocks}) {
+    const auto got = mixed_precision_steps<Policy>(m);
+    ASSERT_EQ(got.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      EXPECT_TRUE(same_bits(ref[i], got[i])) << what << " " << tg::checkpoint_mode_name(m) << ": value " << i
+                                             << " after two steps";
+  }
+}
+
+TEST(CheckpointRegion, ComposesWithBf16MixedPrecisionAndAccumulation) {
+  expect_checkpointing_composes_with<tg::amp::bf16_mixed>("bf16_mixed");
+}
+TEST(CheckpointRegion, ComposesWithFp16MixedPrecisionScalerAndAccumulation) {
+  expect_checkpointing_composes_with<tg::amp::fp16_mixed>("fp16_mixed");
+  // The fp16 run really scales its loss (2^16, no overflow in 2 steps), so the scaler took part.
+  EXPECT_EQ(mixed_precision_steps<tg::amp::fp16_mixed>(CheckpointMode::blocks).back()[1], 65536.f);
+}
+
+/// The recompute in backward reads the forward's per-step weight copies (Note [regions see the copies]),
+/// not fresh conversions of the masters: param_as sees the same copy storage in both runs of the region.
+TEST(CheckpointRegion, RecomputeReadsTheForwardsWeightCopies) {
+  tg::Generator g(5);
+  const F w = tg::nn::normal_parameter({8, 8}, 1.f, g);
+  const std::vector<tg::optim::Param> ps{tg::optim::Param("w", w)};
+  tg::amp::WeightCopies<tg::bf16> copies(ps);
+  std::vector<const void*> seen;
+  const auto fn = [&](const tg::Tensor<tg::bf16>& x) {
+    const tg::Tensor<tg::bf16> wb = tg::amp::param_as<tg::bf16>(w);
+    seen.push_back(wb.data());
+    return tg::matmul(x, wb);
+  };
+  tg::Tensor<tg::bf16> x = tg::Tensor<tg::bf16>::full({4, 8}, 0.5);
+  tg::Tensor<tg::bf16> y;
+  {
+    tg::amp::UseCopies<tg::bf16> use(copies);
+    y = tg::checkpoint<tg::RecomputeAll>(fn, x);
+  }
+  tg::sum(y.to<tg::fp32>()).backward();
+  ASSERT_EQ(seen.size(), 2u) << "one forward and one recompute";
+  EXPECT_EQ(seen[0], copies.copy_of(w).data());
+  EXPECT_EQ(seen[1], copies.copy_of(w).data()) << "the recompute converted the master again";
+  EXPECT_TRUE(w.grad().defined()) << "the gradient reaches the fp32 master through the copy";
+  EXPECT_EQ(tg::amp::detail::active_copies<tg::bf16>, nullptr) << "the recompute restored the active copies";
 }
 
 F region_fn_input(std::uint64_t seed) {

@@ -359,14 +359,16 @@ TEST_P(GemmByKernel, ThreadsNeverShareAPanelAcrossBlocksRepeated) {
 }
 
 /// 16-bit C with several K blocks keeps fp32 partial sums in a workspace. With several m-chunks
-/// (M = 520 > 2^20 / nc rows) and jc blocks of different widths (N = 4130: 2080 + 2050 columns) the
-/// threads' column shares move between blocks, so a workspace shared between threads would be
-/// overwritten by a thread running ahead into the next chunk. Repeated, since a race shows only sometimes.
+/// (M = 520 > 2^20 / nc rows) and jc blocks of different widths (N = 4100: 65 + 64 panels of 32) the
+/// threads' column shares move between blocks (3 threads: panels [21, 43) in the first block, [42, 64) in
+/// the second), so a workspace shared between threads would be overwritten by a thread running ahead into
+/// the next m-chunk. 3 threads on purpose (on a 2-core machine one is often descheduled, so the others run
+/// ahead); repeated, since a race shows only sometimes.
 TEST_P(GemmByKernel, SixteenBitOutputWorkspaceIsPrivateToEachThread) {
-  const ThreadCount two(2);
+  const ThreadCount three(3);
   for (int r = 0; r < 2; ++r) {
-    check_gemm<bf16>({Trans::N, Trans::N, 520, 4130, 200, 1.f, 0.f}, 1600 + r);
-    check_gemm<fp16>({Trans::N, Trans::T, 520, 4130, 200, 1.f, 0.5f}, 1700 + r);
+    check_gemm<bf16>({Trans::N, Trans::N, 520, 4100, 200, 1.f, 0.f}, 1600 + r);
+    check_gemm<fp16>({Trans::N, Trans::T, 520, 4100, 200, 1.f, 0.5f}, 1700 + r);
   }
 }
 

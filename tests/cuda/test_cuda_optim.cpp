@@ -1,6 +1,7 @@
-// The CUDA multi-tensor AdamW and the loss scaler's unscale + inf/NaN check. The element formula
-// (math::adam_update) is checked against the CPU's adam_step here on every machine; the device kernels
-// are compared with the CPU on a GPU and skip with the reason elsewhere.
+// The CUDA optimizer kernels (multi-tensor AdamW; per-tensor SGD, LAMB, Adafactor) and the loss scaler's
+// unscale + inf/NaN check. The shared element formulas (math::adam_update, sgd_update, lamb_moments /
+// lamb_direction) are checked against the CPU kernels here on every machine; the device kernels are compared
+// with the CPU on a GPU and skip with the reason elsewhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,6 +66,78 @@ TEST(SharedAdamMath, MatchesTheCpuAdamStep) {
       EXPECT_GT(moved / 1003, 1e-4);
     }
   }
+}
+
+tg::backend::cpu::SgdScalars sgd_scalars(double momentum, bool nesterov, bool first) {
+  tg::backend::cpu::SgdScalars s;
+  s.lr = 0.05;
+  s.momentum = momentum;
+  s.dampening = nesterov ? 0.0 : 0.1;
+  s.weight_decay = 0.01;
+  s.nesterov = nesterov;
+  s.first_step = first;
+  return s;
+}
+tg::backend::cpu::LambScalars lamb_scalars(std::int64_t step) {
+  tg::backend::cpu::LambScalars s;
+  s.lr = 2e-3;
+  s.beta1 = 0.9;
+  s.beta2 = 0.999;
+  s.eps = 1e-6;
+  s.weight_decay = 0.01;
+  s.step = step;
+  return s;
+}
+tg::backend::cpu::AdafactorScalars adafactor_scalars(double beta1) {
+  tg::backend::cpu::AdafactorScalars s;
+  s.rho = 1e-2;
+  s.beta2 = 1.0 - std::pow(3.0, -0.8);  // beta2_t at t = 3
+  s.beta1 = beta1;
+  s.weight_decay = 0.01;
+  return s;
+}
+
+TEST(SharedSgdMath, MatchesTheCpuSgdStep) {
+  for (const double momentum : {0.0, 0.9})
+    for (const bool nesterov : {false, true})
+      for (const bool first : {true, false}) {
+        if (nesterov && momentum == 0.0) continue;
+        State ref = make_state(1003, 21), mine = ref;
+        const auto s = sgd_scalars(momentum, nesterov, first);
+        tg::backend::cpu::sgd_step<float>(ref.p.data(), ref.g.data(), ref.m.data(), 1003, s);
+        const auto c = tg::math::sgd_consts<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
+        for (std::size_t i = 0; i < mine.p.size(); ++i) tg::math::sgd_update(mine.p[i], mine.g[i], mine.m[i], c);
+        SCOPED_TRACE("momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : "") + (first ? " first" : ""));
+        expect_close_all(mine.p, ref.p, 1.f, "p");
+        expect_close_all(mine.m, ref.m, 1e-2f, "momentum buffer");
+        if (momentum == 0.0) EXPECT_EQ(mine.m, make_state(1003, 21).m) << "no momentum: the buffer is not touched";
+        EXPECT_NE(mine.p, make_state(1003, 21).p);
+      }
+}
+
+TEST(SharedLambMath, MatchesTheCpuLambStep) {
+  State ref = make_state(2001, 31), mine = ref;
+  const auto s = lamb_scalars(4);
+  const double trust = tg::backend::cpu::lamb_step<float>(ref.p.data(), ref.g.data(), ref.m.data(), ref.v.data(), 2001, s);
+  const auto c = tg::math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
+  double pn = 0, un = 0;
+  for (std::size_t i = 0; i < mine.p.size(); ++i) {
+    tg::math::lamb_moments(mine.g[i], mine.m[i], mine.v[i], c);
+    const float u = tg::math::lamb_direction(mine.p[i], mine.m[i], mine.v[i], c);
+    pn += static_cast<double>(mine.p[i]) * mine.p[i];
+    un += static_cast<double>(u) * u;
+  }
+  const double my_trust = tg::backend::cpu::lamb_trust_ratio(pn, un);
+  EXPECT_NEAR(my_trust, trust, 1e-6 * trust);
+  EXPECT_GT(trust, 0.0);
+  EXPECT_NE(trust, 1.0) << "both norms are nonzero: the ratio is not the fallback";
+  const float scale = static_cast<float>(s.lr * my_trust);
+  for (std::size_t i = 0; i < mine.p.size(); ++i) mine.p[i] -= scale * tg::math::lamb_direction(mine.p[i], mine.m[i], mine.v[i], c);
+  expect_close_all(mine.p, ref.p, 1.f, "p");
+  expect_close_all(mine.m, ref.m, 1e-2f, "m");
+  expect_close_all(mine.v, ref.v, 1e-4f, "v");
+  EXPECT_EQ(tg::backend::cpu::lamb_trust_ratio(0.0, 4.0), 1.0);
+  EXPECT_EQ(tg::backend::cpu::lamb_trust_ratio(4.0, 1.0), 2.0);
 }
 
 TEST(SharedAdamMath, IsFiniteSeparatesInfAndNan) {
@@ -135,6 +208,61 @@ TEST_F(CudaOptim, UnscaleScalesEveryTensorAndFindsInfAndNan) {
     gs[1] = on_gpu(h);
     ptrs[1] = gs[1].data();
     EXPECT_TRUE(tg::backend::cuda::unscale_and_check(ptrs.data(), sizes.data(), 2, 1.f)) << bad;
+  }
+}
+
+/// Copies device results back and compares them with the CPU's within a few ulps (the device may contract
+/// to FMA differently and sums its fp64 partials in another order).
+void expect_gpu_close(const tg::Tensor<float, tg::cuda>& got, const std::vector<float>& want, float floor, const char* what) {
+  expect_close_all(got.to<tg::cpu>().to_vector(), want, floor, what);
+}
+
+TEST_F(CudaOptim, SgdMatchesTheCpu) {
+  for (const double momentum : {0.0, 0.9})
+    for (const bool nesterov : {false, true}) {
+      if (nesterov && momentum == 0.0) continue;
+      State h = make_state(70001, 41);
+      auto p = on_gpu(h.p), g = on_gpu(h.g), buf = on_gpu(h.m);
+      const auto s = sgd_scalars(momentum, nesterov, false);
+      tg::backend::cuda::sgd_step<float>(p.data(), g.data(), buf.data(), 70001, s);
+      tg::backend::cpu::sgd_step<float>(h.p.data(), h.g.data(), h.m.data(), 70001, s);
+      expect_gpu_close(p, h.p, 1.f, "sgd p");
+      expect_gpu_close(buf, h.m, 1e-2f, "sgd momentum buffer");
+    }
+}
+
+TEST_F(CudaOptim, LambMatchesTheCpuIncludingTheTrustRatio) {
+  State h = make_state(300007, 51);  // several reduction blocks
+  auto p = on_gpu(h.p), g = on_gpu(h.g), m = on_gpu(h.m), v = on_gpu(h.v);
+  const auto s = lamb_scalars(2);
+  const double gpu_trust = tg::backend::cuda::lamb_step<float>(p.data(), g.data(), m.data(), v.data(), 300007, s);
+  const double cpu_trust = tg::backend::cpu::lamb_step<float>(h.p.data(), h.g.data(), h.m.data(), h.v.data(), 300007, s);
+  EXPECT_NEAR(gpu_trust, cpu_trust, 1e-6 * cpu_trust);
+  expect_gpu_close(p, h.p, 1.f, "lamb p");
+  expect_gpu_close(m, h.m, 1e-2f, "lamb m");
+  expect_gpu_close(v, h.v, 1e-4f, "lamb v");
+}
+
+TEST_F(CudaOptim, AdafactorFactoredAndFullMatchTheCpu) {
+  for (const double beta1 : {0.0, 0.9}) {
+    const std::int64_t rows = 96, cols = 1027;
+    State h = make_state(rows * cols, 61);
+    std::vector<float> r = random_values(rows, 62, 0.5f, 2.f), c = random_values(cols, 63, 0.5f, 2.f);
+    auto p = on_gpu(h.p), g = on_gpu(h.g), m = on_gpu(h.m), gr = on_gpu(r), gc = on_gpu(c);
+    const auto s = adafactor_scalars(beta1);
+    tg::backend::cuda::adafactor_step_factored<float>(p.data(), g.data(), gr.data(), gc.data(), m.data(), rows, cols, s);
+    tg::backend::cpu::adafactor_step_factored<float>(h.p.data(), h.g.data(), r.data(), c.data(), h.m.data(), rows, cols, s);
+    expect_gpu_close(gr, r, 1e-3f, "adafactor row moments");
+    expect_gpu_close(gc, c, 1e-3f, "adafactor column moments");
+    expect_gpu_close(p, h.p, 1.f, "adafactor factored p");
+    if (beta1 != 0.0) expect_gpu_close(m, h.m, 1e-2f, "adafactor m");
+
+    State f = make_state(5003, 71);
+    auto fp = on_gpu(f.p), fg = on_gpu(f.g), fv = on_gpu(f.v), fm = on_gpu(f.m);
+    tg::backend::cuda::adafactor_step_full<float>(fp.data(), fg.data(), fv.data(), fm.data(), 5003, s);
+    tg::backend::cpu::adafactor_step_full<float>(f.p.data(), f.g.data(), f.v.data(), f.m.data(), 5003, s);
+    expect_gpu_close(fv, f.v, 1e-4f, "adafactor full v");
+    expect_gpu_close(fp, f.p, 1.f, "adafactor full p");
   }
 }
 

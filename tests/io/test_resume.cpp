@@ -83,6 +83,15 @@ TEST_P(ExactResume, interrupted_run_is_bit_identical_to_uninterrupted) {
   expect_same_tensors(weights_of(resumed), weights_of(full), cfg.precision + " weights");
   expect_same_tensors(resumed.optimizer().state_tensors(), full.optimizer().state_tensors(), cfg.precision + " optimizer state");
   EXPECT_EQ(resumed.dropout_generator().offset(), full.dropout_generator().offset());
+  EXPECT_EQ(resumed.scaler_state(), full.scaler_state()) << cfg.precision << " loss-scaler state";
+  if (cfg.precision == "fp16") {
+    // The scaler really moved (so restoring it mattered): overflow backoffs and/or growth happened.
+    const tg::amp::ScalerState st = full.scaler_state();
+    EXPECT_NE(st.scale, 65536.0) << "fp16: the scale never left its initial value in this run";
+    std::printf("[resume] fp16 scaler after %lld steps: scale %.0f, %lld skipped, tracker %lld\n",
+                static_cast<long long>(st.steps), st.scale, static_cast<long long>(st.skipped_steps),
+                static_cast<long long>(st.growth_tracker));
+  }
   std::printf("[resume] %s: %lld steps, stopped after %lld, losses %.6f .. %.6f, all bit-identical\n", cfg.precision.c_str(),
               static_cast<long long>(cfg.steps), static_cast<long long>(k), full_losses.front(), full_losses.back());
   fs::remove_all(dir);
@@ -103,11 +112,12 @@ TEST_P(ExactResume, without_restoring_positions_the_run_differs) {
   const std::string ckpt = first.save(d);
   TinyRun other(cfg);
   tg::io::load_train_state(ckpt, other.params(), other.optimizer());  // weights and optimizer only
+  other.refresh_weight_copies();
   EXPECT_NE(bits_of(other.train_step()), bits_of(losses[2]));
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, ExactResume, ::testing::Values("fp32", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Precisions, ExactResume, ::testing::Values("fp32", "bf16", "fp16"));
 
 TEST(CheckpointDir, keeps_the_last_k_and_ignores_temporaries) {
   const fs::path dir = fresh_dir("keep");

@@ -6,11 +6,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "typegrad/amp/amp.hpp"
 #include "typegrad/data/dataset.hpp"
 #include "typegrad/data/sampler.hpp"
+#include "typegrad/io/scaler_state.hpp"
 #include "typegrad/io/train_state.hpp"
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/cross_entropy.hpp"
@@ -20,7 +23,8 @@
 namespace tg::testing {
 
 struct TinyRunConfig {
-  std::string precision = "fp32";  // compute type of the forward: fp32 or bf16 (masters stay fp32)
+  std::string precision = "fp32";  // compute type of the forward: fp32, bf16, or fp16 (amp::fp16_mixed with its
+                                   // dynamic loss scaler); masters stay fp32
   std::int64_t steps = 6;          // for the schedule
   std::int64_t grad_accum = 2;
   std::int64_t batch = 2;
@@ -54,7 +58,17 @@ class TinyRun {
         schedule_(optim::Warmup{2}.then(optim::Cosine{3e-3f, std::max<std::int64_t>(1, c.steps - 2), 3e-4f})),
         accum_(c.grad_accum),
         sampler_(ds_.train(), c.batch, c.seq, c.seed + 3) {
-    TG_CHECK(c.precision == "fp32" || c.precision == "bf16", "TinyRun: precision must be fp32 or bf16");
+    TG_CHECK(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+             "TinyRun: precision must be fp32, bf16 or fp16, got '", c.precision, "'");
+    if (c.precision == "fp16") fp16_.emplace(params_, opt_, amp::DynamicScaler(fp16_scaler_options()));
+  }
+
+  /// fp16's scaler: PyTorch's defaults but a growth interval of 2 steps, so a short run both backs off and
+  /// grows, and a resume that lost the scaler's state would show.
+  static amp::DynamicScalerOptions fp16_scaler_options() {
+    amp::DynamicScalerOptions o;
+    o.growth_interval = 2;
+    return o;
   }
 
   static nn::GPTConfig model_config(const TinyRunConfig& c) {
@@ -70,6 +84,13 @@ class TinyRun {
     for (std::int64_t m = 0; m < c_.grad_accum; ++m) {
       const data::Batch b = sampler_.next();
       Tensor<fp32> loss;
+      if (fp16_) {
+        loss = fp16_->loss(fp16_->forward(model_, b.inputs, dropout_gen_, true), b.targets);
+        loss_sum += static_cast<double>(loss.item());
+        accum_.scale(loss, fp16_->scaler).backward();
+        if (accum_.micro_step(opt_, schedule_, 1.0, fp16_->scaler)) fp16_->after_step(accum_);
+        continue;
+      }
       if (c_.precision == "bf16") {
         loss = cross_entropy(model_.forward<bf16>(b.inputs, dropout_gen_, true).to<fp32>(), b.targets);  // loss in fp32
       } else {
@@ -91,6 +112,7 @@ class TinyRun {
     r.generators["init"] = io::record_of(init_gen_);
     r.generators["dropout"] = io::record_of(dropout_gen_);
     r.grad_accum = io::GradAccumRecord{accum_.n(), accum_.micro_index(), accum_.steps()};
+    if (fp16_) r.scaler = io::scaler_record(fp16_->scaler);
     r.config_json = "{\"precision\":\"" + c_.precision + "\",\"grad_accum\":" + std::to_string(c_.grad_accum) + "}";
     return r;
   }
@@ -105,6 +127,11 @@ class TinyRun {
     io::restore(dropout_gen_, r.generators.at("dropout"));
     TG_CHECK(r.grad_accum && r.grad_accum->n == c_.grad_accum, "TinyRun::resume: grad_accum differs");
     accum_.restore(r.grad_accum->steps, r.grad_accum->micro_index);
+    if (fp16_) {
+      TG_CHECK(r.scaler.has_value(), "TinyRun::resume: an fp16 run needs the checkpoint's loss-scaler state");
+      io::restore_scaler(fp16_->scaler, r.scaler);
+      fp16_->weights.refresh();  // the loaded masters invalidate the fp16 copies
+    }
     return r.step;
   }
 
@@ -115,6 +142,13 @@ class TinyRun {
   const optim::Schedule& schedule() const { return schedule_; }
   const data::BatchSampler& sampler() const { return sampler_; }
   const Generator& dropout_generator() const { return dropout_gen_; }
+  /// Re-converts the fp16 weight copies after the masters were changed from outside (a bare
+  /// io::load_train_state); a no-op for fp32 and bf16.
+  void refresh_weight_copies() {
+    if (fp16_) fp16_->weights.refresh();
+  }
+  /// The fp16 run's loss-scaler state (the defaults of a fresh ScalerState for fp32/bf16).
+  amp::ScalerState scaler_state() const { return fp16_ ? fp16_->scaler.state() : amp::ScalerState{}; }
 
  private:
   TinyRunConfig c_;
@@ -127,6 +161,7 @@ class TinyRun {
   optim::GradAccumRuntime accum_;
   data::BatchSampler sampler_;
   std::int64_t step_ = 0;
+  std::optional<amp::MixedPrecision<amp::fp16_mixed>> fp16_;  // fp16 only: fp16 weight copies and the scaler
 };
 
 /// The bits of a double, for exact comparisons and for logs that round-trip.

@@ -36,6 +36,16 @@ diff <(losses full.jsonl | sed -n '4,6p') <(losses resumed.jsonl)
 same_tensors full/ckpt-00000006.safetensors resumed/ckpt-00000006.safetensors
 echo "1. resume from step 3: steps 4-6 losses and step-6 tensors identical"
 
+# 1b. The same in fp16: the dynamic loss scaler's state (scale, growth tracker, skipped steps) travels in
+# the checkpoint, so the resumed run's loss scale and skipped-step count continue the uninterrupted run's.
+scaled() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*"loss_scale":\([^,]*\),"skipped_steps":\([0-9]*\).*/\1 \2 \3 \4/p' "$1"; }
+"$T" "${A[@]}" --precision fp16 --save-dir full16 --save-every 3 --keep 0 --log full16.jsonl > full16.out
+"$T" "${A[@]}" --precision fp16 --save-dir resumed16 --resume full16/ckpt-00000003.safetensors --log resumed16.jsonl > resumed16.out
+[ "$(scaled full16.jsonl | wc -l)" = 6 ]
+diff <(scaled full16.jsonl | sed -n '4,6p') <(scaled resumed16.jsonl)
+same_tensors full16/ckpt-00000006.safetensors resumed16/ckpt-00000006.safetensors
+echo "1b. fp16 resume from step 3: steps 4-6 losses, loss scale, skipped steps and step-6 tensors identical ($(scaled full16.jsonl | tail -1))"
+
 # 2. SIGKILL during training, resume from the directory.
 B=(--steps 30 "${C[@]}")
 "$T" "${B[@]}" --save-dir ref --save-every 30 > ref.out

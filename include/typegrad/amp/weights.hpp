@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "typegrad/amp/active_copies.hpp"
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cpu/amp_kernels.hpp"
@@ -91,11 +92,6 @@ class WeightCopies {
   std::int64_t refreshes_ = 0;
   std::int64_t refreshed_at_ = 0;
 };
-
-namespace detail {
-template <FloatingElement T>
-inline thread_local const WeightCopies<T>* active_copies = nullptr;
-}
 
 /// While alive, param_as<T> on this thread reads `copies` (scopes nest; the previous one is restored).
 template <FloatingElement T>

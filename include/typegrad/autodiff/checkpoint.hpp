@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "typegrad/amp/active_copies.hpp"
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/autodiff/region.hpp"
 
@@ -44,6 +45,9 @@ namespace tg {
 // node on the outer sub-tape and is itself recomputed when the outer sub-tape's backward reaches it; its
 // GEMMs reuse the outer region's kept outputs and, if its own policy keeps GEMMs, store them again
 // (shared storage, no copy).
+//
+// Mixed precision: the recompute reads the same per-step weight copies as the forward did (Note [regions
+// see the copies], amp/active_copies.hpp).
 //
 // Gradients are bitwise those without checkpointing when the region's function is deterministic (it is
 // here: same kernels, same thread count, same Philox counters) and every region input's gradient comes
@@ -83,9 +87,10 @@ class RegionNode final : public Node {
  public:
   RegionNode(std::vector<TensorInfo> infos, TensorInfo out, Fn fn, std::tuple<Ins...> inputs,
              std::vector<std::any> kept, std::vector<RngRecord> rng, std::weak_ptr<AutogradMeta<TO, DO>> out_meta,
-             std::tuple<input_slot<Ins>...> slots)
+             std::tuple<input_slot<Ins>...> slots, amp::detail::ActiveCopies copies)
       : Node(Policy::op_name, std::move(infos), std::move(out)), fn_(std::move(fn)), saved_inputs_(std::move(inputs)),
-        kept_(std::move(kept)), rng_(std::move(rng)), out_meta_(std::move(out_meta)), slots_(std::move(slots)) {}
+        kept_(std::move(kept)), rng_(std::move(rng)), out_meta_(std::move(out_meta)), slots_(std::move(slots)),
+        copies_(copies) {}
 
   bool run_backward() override {
     auto out = out_meta_.lock();
@@ -152,6 +157,7 @@ class RegionNode final : public Node {
       ~GradOn() { set_grad_enabled(previous); }
     };
     RngRewind rewind(rng_);
+    amp::detail::ActivateCopies copies(copies_);  // Note [regions see the copies]
     RegionContext ctx{Policy::op_name, RegionPhase::recompute, Policy::keep_gemm, &kept_, 0, &rng_, false};
     RegionScope region(ctx);
     TapeScope tape(sub);
@@ -187,6 +193,7 @@ class RegionNode final : public Node {
   std::vector<RngRecord> rng_;
   std::weak_ptr<AutogradMeta<TO, DO>> out_meta_;
   std::tuple<input_slot<Ins>...> slots_;
+  amp::detail::ActiveCopies copies_;
 };
 
 }  // namespace autodiff
@@ -220,7 +227,8 @@ auto checkpoint(Fn fn, const Tensor<Ts, Ds>&... inputs) {
       std::vector<autodiff::TensorInfo>{autodiff::info_of(inputs)...}, autodiff::info_of(y), std::move(fn),
       std::tuple<Tensor<Ts, Ds>...>{inputs.detach()...}, std::move(kept), std::move(rng), meta,
       std::tuple<autodiff::input_slot<Tensor<Ts, Ds>>...>{
-          autodiff::input_slot<Tensor<Ts, Ds>>{inputs.requires_grad() ? inputs.autograd_meta() : nullptr, inputs.shape()}...});
+          autodiff::input_slot<Tensor<Ts, Ds>>{inputs.requires_grad() ? inputs.autograd_meta() : nullptr, inputs.shape()}...},
+      amp::detail::ActiveCopies::current());
   meta->producer = node;
   autodiff::current_tape().push(node);
   ++autodiff::checkpoint_stats().regions_recorded;

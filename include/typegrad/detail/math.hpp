@@ -148,6 +148,56 @@ TG_HOST_DEVICE TG_INLINE void adam_update(T& p, T g, T& m, T& v, const AdamConst
   p = p - c.step_size * m / denom;
 }
 
+/// Per-step SGD constants (torch.optim.SGD), rounded once to T.
+template <class T>
+struct SgdConsts {
+  T lr, mu, wd, damp;
+  bool use_mom, first, nesterov, use_wd;
+};
+template <class T>
+inline SgdConsts<T> sgd_consts(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                               bool first_step) {
+  return {static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(weight_decay), static_cast<T>(1.0 - dampening),
+          momentum != 0.0, first_step, nesterov, weight_decay != 0.0};
+}
+/// One element of SGD: d = g + wd·p; buf = μ·buf + (1-τ)·d (d on the first step); d = nesterov ? d + μ·buf : buf;
+/// p -= lr·d. `buf` is not touched without momentum.
+template <class T>
+TG_HOST_DEVICE TG_INLINE void sgd_update(T& p, T g, T& buf, const SgdConsts<T>& c) {
+  T d = g;
+  if (c.use_wd) d = d + c.wd * p;
+  if (c.use_mom) {
+    const T b = c.first ? d : c.mu * buf + c.damp * d;
+    buf = b;
+    d = c.nesterov ? d + c.mu * b : b;
+  }
+  p = p - c.lr * d;
+}
+
+/// Per-step LAMB constants, rounded once to T.
+template <class T>
+struct LambConsts {
+  T inv_bc1, inv_bc2, b1, b2, one_b1, one_b2, eps, wd;
+};
+template <class T>
+inline LambConsts<T> lamb_consts(double beta1, double beta2, double eps, double weight_decay, long long step) {
+  return {static_cast<T>(1.0 / (1.0 - std::pow(beta1, static_cast<double>(step)))),
+          static_cast<T>(1.0 / (1.0 - std::pow(beta2, static_cast<double>(step)))),
+          static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2),
+          static_cast<T>(eps), static_cast<T>(weight_decay)};
+}
+/// LAMB's moments for one element: m = β1 m + (1-β1) g, v = β2 v + (1-β2) g².
+template <class T>
+TG_HOST_DEVICE TG_INLINE void lamb_moments(T g, T& m, T& v, const LambConsts<T>& c) {
+  m = m * c.b1 + c.one_b1 * g;
+  v = v * c.b2 + c.one_b2 * g * g;
+}
+/// LAMB's update direction for one element: u = m̂ / (√v̂ + ε) + wd·p (both passes compute it the same way).
+template <class T>
+TG_HOST_DEVICE TG_INLINE T lamb_direction(T p, T m, T v, const LambConsts<T>& c) {
+  return (m * c.inv_bc1) / (std::sqrt(v * c.inv_bc2) + c.eps) + c.wd * p;
+}
+
 /// Finite (not inf, not NaN) without relying on libm: x - x is 0 exactly for finite x, NaN otherwise.
 TG_HOST_DEVICE TG_INLINE bool is_finite(float x) { return x - x == 0.0f; }
 

@@ -4,6 +4,8 @@
 //   double ss = tg::backend::cpu::sum_squares<float>(g, n);          // fp64 accumulation
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace tg::backend::cpu {
@@ -43,6 +45,10 @@ struct LambScalars {
 /// Returns the trust ratio it used (1 when either norm is 0).
 template <class T>
 double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s);
+/// LAMB's trust ratio ||p|| / ||u|| from the sums of squares (1 when either is 0); shared with the CUDA kernel.
+inline double lamb_trust_ratio(double p_sq_sum, double u_sq_sum) {
+  return (p_sq_sum > 0 && u_sq_sum > 0) ? std::sqrt(p_sq_sum) / std::sqrt(u_sq_sum) : 1.0;
+}
 
 struct AdafactorScalars {
   double rho = 0;            // relative (or absolute) step size before parameter scaling
@@ -59,5 +65,18 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
 /// Full second moment v (vectors and scalars).
 template <class T>
 void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s);
+
+/// The shared tail of Adafactor (CPU and CUDA): from sum U² and sum X² over n elements, the step size
+/// alpha = rho * max(eps2, RMS(X)) (or rho) and the clipping divisor max(1, RMS(U) / d); the update is then
+/// U / clip_div, [m = beta1 m + (1 - beta1) U], X -= alpha wd X + alpha (m or U).
+struct AdafactorApply {
+  double alpha, clip_div;
+};
+inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum, double p_sq_sum, std::int64_t n) {
+  const double rms_u = std::sqrt(u_sq_sum / static_cast<double>(n));
+  const double rms_p = std::sqrt(p_sq_sum / static_cast<double>(n));
+  const double alpha = s.scale_parameter ? s.rho * std::max(s.eps2, rms_p) : s.rho;
+  return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
+}
 
 }  // namespace tg::backend::cpu

@@ -22,6 +22,7 @@
 #include "typegrad/core/device.hpp"
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
+#include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/detail/math.hpp"
 
 namespace tg::backend::cuda {
@@ -131,6 +132,22 @@ struct AdamTensor {
 /// (tensor, start) table built on the host; each element runs math::adam_update, the CPU loop's body.
 void adam_step_multi(const AdamTensor* tensors, int count, double lr, double beta1, double beta2, double eps,
                      double weight_decay, bool decoupled, long long step);
+// Per-tensor optimizer kernels (backends/cuda/optim_tensor.cu): the CPU backend's signatures and scalar
+// structs, fp32 only (parameters and optimizer state are fp32 masters). LAMB and Adafactor read their
+// fp64 sums back (they synchronize); SGD is asynchronous.
+using SgdScalars = cpu::SgdScalars;
+using LambScalars = cpu::LambScalars;
+using AdafactorScalars = cpu::AdafactorScalars;
+template <class T>
+void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s);
+template <class T>
+double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s);
+template <class T>
+void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t rows, std::int64_t cols,
+                             const AdafactorScalars& s);
+template <class T>
+void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s);
+
 /// The loss scaler's unscale: grads[i][j] *= inv_scale over every tensor in one launch; returns whether
 /// any element was inf or NaN (one 4-byte read back, so it synchronizes).
 bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count, float inv_scale);
