@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU (CUDA toolkit present, no network): configure and build the
 # CUDA backend for the GPU's architecture (sm_90 by default), run every GPU test (the op database's
-# CPU-vs-CUDA tests, the CUDA runtime tests, the tiny-GPT 50-step loss comparison), run the GPU training
-# benchmark (gpt2, bf16, B=16, T=1024) and PyTorch's equivalent when torch with CUDA is importable, and
+# CPU-vs-CUDA tests, the CUDA runtime tests, the tiny-GPT 50-step loss comparison, nn::GPT and the trainer's
+# step on CUDA vs the CPU), run `train_gpt --device cuda` end to end against the CPU trainer
+# (tests/trainer/train_gpt_cuda.sh; needs CLI11 like every train_gpt build), run the GPU training benchmark (gpt2, bf16, B=16, T=1024) and PyTorch's equivalent when torch with CUDA is importable, and
 # print a short table. Any missing piece stops it with a message naming that piece. Budget: 8 minutes.
 #   bash scripts/gpu-check.sh                 # from the repository root
 #   TG_GPU_ARCH=80 BENCH_ARGS="--batch 8" bash scripts/gpu-check.sh
@@ -36,14 +37,24 @@ step "GPU: $GPU; nvcc: $("$NVCC" --version | tail -1)"
 
 # ---- configure + build (tests and the GPU benchmark only) ------------------------------------------------
 step "configure ($BUILD, sm_$ARCH)"
-if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTG_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTG_BUILD_BENCHMARKS=OFF -DTG_BUILD_EXAMPLES=OFF -DTG_BUILD_TESTS=ON \
-  >"$LOG/configure.log" 2>&1; then
-  grep -E "Could not find|not found|Error" "$LOG/configure.log" | head -5 >&2
-  die "cmake configure failed (a missing package is named above; full log: $LOG/configure.log)"
+configure() {  # examples ON|OFF
+  cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTG_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTG_BUILD_BENCHMARKS=OFF -DTG_BUILD_EXAMPLES="$1" -DTG_BUILD_TESTS=ON \
+    >"$LOG/configure.log" 2>&1
+}
+TRAINER_NOTE=""
+if ! configure ON; then  # train_gpt needs CLI11; without it, the rest still runs
+  if grep -q CLI11 "$LOG/configure.log" && configure OFF; then
+    TRAINER_NOTE="not built: CLI11 missing ($LOG/configure.log)"
+  else
+    grep -E "Could not find|not found|Error" "$LOG/configure.log" | head -5 >&2
+    die "cmake configure failed (a missing package is named above; full log: $LOG/configure.log)"
+  fi
 fi
-step "build test_cuda test_ops bench_cuda_gpt"
-if ! cmake --build "$BUILD" --target test_cuda test_ops bench_cuda_gpt -j"$(nproc)" >"$LOG/build.log" 2>&1; then
+TARGETS=(test_cuda test_ops bench_cuda_gpt)
+[ -z "$TRAINER_NOTE" ] && TARGETS+=(train_gpt)
+step "build ${TARGETS[*]}"
+if ! cmake --build "$BUILD" --target "${TARGETS[@]}" -j"$(nproc)" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -10 >&2
   die "build failed (full log: $LOG/build.log)"
 fi
@@ -67,6 +78,17 @@ TESTS_OK=1
 { [ "$CRC" = 0 ] && [ "$ORC" = 0 ]; } || TESTS_OK=0
 # With a GPU present nothing may skip: a skip here means the tests did not see the device.
 { [ "$CS" = 0 ] && [ "$OS" = 0 ]; } || TESTS_OK=0
+
+# train_gpt --device cuda against the CPU trainer (fp32, bf16, checkpoints across devices, --checkpoint blocks).
+TRAINER="$TRAINER_NOTE"
+if [ -z "$TRAINER_NOTE" ]; then
+  step "train_gpt --device cuda (tests/trainer/train_gpt_cuda.sh)"
+  timeout 180 bash tests/trainer/train_gpt_cuda.sh "$BUILD/examples/gpt/train_gpt" "$BUILD/trainer-cuda" >"$LOG/trainer_cuda.log" 2>&1
+  TRC=$?
+  tail -5 "$LOG/trainer_cuda.log"
+  SPEED=$(grep -h "speed" "$BUILD/trainer-cuda/gpu_bf16.out" 2>/dev/null | sed 's/^ *speed *//')
+  if [ "$TRC" = 0 ]; then TRAINER="passed (tiny, bf16: ${SPEED:-?})"; else TRAINER="FAILED (rc $TRC, $LOG/trainer_cuda.log)"; TESTS_OK=0; fi
+fi
 
 # ---- benchmarks ----------------------------------------------------------------------------------------------
 field() { grep -Eo "$1=[0-9.]+" "$2" | head -1 | cut -d= -f2; }
@@ -98,8 +120,9 @@ echo
 echo "| check | result |"
 echo "|---|---|"
 echo "| GPU | $GPU |"
-echo "| test_cuda (runtime, tiny GPT 50 steps) | ${CP} passed, ${CF} failed, ${CS} skipped |"
+echo "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT + trainer step) | ${CP} passed, ${CF} failed, ${CS} skipped |"
 echo "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | ${OP} passed, ${OF} failed, ${OS} skipped |"
+echo "| train_gpt --device cuda vs --device cpu | $TRAINER |"
 echo "| typegrad tokens/s ($BENCH_ARGS) | ${TG_TPS:-failed (rc $BRC)} |"
 echo "| typegrad MFU | $(pct "$TG_MFU") |"
 echo "| PyTorch tokens/s | ${PT_TPS:-$PT_NOTE} |"
@@ -108,7 +131,7 @@ echo "| typegrad / PyTorch | $RATIO |"
 echo "| wall time | $(elapsed) s (budget 480 s) |"
 echo "logs: $LOG"
 
-[ "$TESTS_OK" = 1 ] || die "GPU tests failed or skipped (test_cuda rc $CRC, test_ops rc $ORC; logs in $LOG)"
+[ "$TESTS_OK" = 1 ] || die "GPU tests failed or skipped (test_cuda rc $CRC, test_ops rc $ORC, train_gpt: $TRAINER; logs in $LOG)"
 [ "$BRC" = 0 ] || die "the typegrad GPU benchmark failed (rc $BRC; $LOG/bench_typegrad.log)"
 [ "$(elapsed)" -le 480 ] || die "took $(elapsed) s, over the 8-minute budget"
 echo "gpu-check: OK"

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "typegrad/amp/precision.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/amp_kernels.hpp"
+#include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::amp {
@@ -45,14 +47,28 @@ struct ScalerState {
 };
 
 namespace detail {
-/// Unscales every master gradient of `opt` by 1/scale; true when any is inf or NaN.
-inline bool unscale_grads(const optim::Optimizer& opt, double scale) {
+/// Unscales every master gradient of `opt` (an optim::Optimizer, or optim::DeviceAdam<D>) by 1/scale; true
+/// when any is inf or NaN. CPU gradients go through the CPU kernel one by one; device gradients through one
+/// multi-tensor launch (backend::cuda::unscale_and_check: one flag read back).
+template <class Opt>
+bool unscale_grads(const Opt& opt, double scale) {
   const float inv = static_cast<float>(1.0 / scale);
   bool found_inf = false;
-  opt.for_each_param([&](const optim::Param& p) {
-    if (Tensor<fp32> g = p.tensor.grad(); g.defined())
+  std::vector<float*> device_grads;
+  std::vector<std::int64_t> device_sizes;
+  opt.for_each_param([&](const auto& p) {
+    const auto g = p.tensor.grad();
+    if (!g.defined()) return;
+    if constexpr (std::is_same_v<typename std::decay_t<decltype(g)>::device_type, cpu>) {
       found_inf = backend::cpu::unscale_and_check<fp32>(g.data(), g.numel(), inv) || found_inf;
+    } else {
+      device_grads.push_back(g.data());
+      device_sizes.push_back(g.numel());
+    }
   });
+  if (!device_grads.empty())
+    found_inf = backend::cuda::unscale_and_check(device_grads.data(), device_sizes.data(),
+                                                 static_cast<int>(device_grads.size()), inv) || found_inf;
   return found_inf;
 }
 inline void check_scale(double s, const char* who) {
@@ -67,7 +83,10 @@ class NoScaler {
   static constexpr const char* kind() { return "none"; }
   double scale() const { return 1.0; }
   /// Nothing to unscale; reports no overflow (an fp32/bf16 run steps whatever the gradients hold).
-  bool unscale(const optim::Optimizer&) { return false; }
+  template <class Opt>
+  bool unscale(const Opt&) {
+    return false;
+  }
   void update(bool found_inf) {
     (void)found_inf;
     ++steps_;
@@ -99,7 +118,10 @@ class StaticScaler {
     st_.growth_factor = st_.backoff_factor = 1.0;
   }
   double scale() const { return st_.scale; }
-  bool unscale(const optim::Optimizer& opt) { return detail::unscale_grads(opt, st_.scale); }
+  template <class Opt>
+  bool unscale(const Opt& opt) {
+    return detail::unscale_grads(opt, st_.scale);
+  }
   void update(bool found_inf) {
     ++st_.steps;
     if (found_inf) ++st_.skipped_steps;
@@ -142,7 +164,10 @@ class DynamicScaler {
   }
   double scale() const { return st_.scale; }
   /// Divides every master gradient by the scale (before clipping); true when any was inf or NaN.
-  bool unscale(const optim::Optimizer& opt) { return detail::unscale_grads(opt, st_.scale); }
+  template <class Opt>
+  bool unscale(const Opt& opt) {
+    return detail::unscale_grads(opt, st_.scale);
+  }
   /// Called once per optimizer step with unscale()'s answer: backoff on overflow, growth after
   /// growth_interval clean steps in a row.
   void update(bool found_inf) {

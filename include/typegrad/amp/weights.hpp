@@ -111,10 +111,14 @@ class UseCopies {
 
 /// `master` in the compute type T: the master itself for fp32; the active WeightCopies<T>'s copy (recorded
 /// as a "to" from the master, so the gradient reaches it in fp32); else master.to<T>().
-template <FloatingElement T>
-Tensor<T> param_as(const Tensor<fp32>& master) {
+/// On a device other than the CPU there are no per-step copies yet: a 16-bit forward converts each master
+/// once per use (a differentiable to<T>() on the device; the gradient still reaches the master in fp32).
+template <FloatingElement T, Device D>
+Tensor<T, D> param_as(const Tensor<fp32, D>& master) {
   if constexpr (std::is_same_v<T, fp32>) {
     return master;
+  } else if constexpr (!std::is_same_v<D, cpu>) {
+    return master.template to<T>();
   } else {
     const WeightCopies<T>* active = detail::active_copies<T>;
     if (!active) return master.template to<T>();

@@ -1,5 +1,6 @@
 // The GPT model (GPT-2 architecture): token + position embeddings, pre-LN blocks of causal self-attention
-// (fused QKV) and a GELU MLP, a final LayerNorm and an LM head tied to the token embedding.
+// (fused QKV) and a GELU MLP, a final LayerNorm and an LM head tied to the token embedding. BasicGPT<D> holds
+// its parameters on device D (GPT is the CPU model); BasicGPT<cuda>(cpu_model) copies a model to the GPU.
 //   tg::Generator gen(1337);  tg::nn::GPT model(tg::nn::GPTConfig::preset("tiny", 256), gen);
 //   auto logits = model.forward<tg::fp32>(idx);              // idx (B,T) int64 -> (B,T,V)
 #pragma once
@@ -48,113 +49,145 @@ struct GPTConfig {
 };
 
 /// Causal multi-head self-attention with a fused QKV projection c_attn [3C, C] and output projection c_proj.
-class CausalSelfAttention {
+template <Device D = cpu>
+class BasicCausalSelfAttention {
  public:
-  CausalSelfAttention() = default;
-  CausalSelfAttention(const GPTConfig& c, Generator& gen)
+  BasicCausalSelfAttention() = default;
+  template <Device S>
+  explicit BasicCausalSelfAttention(const BasicCausalSelfAttention<S>& o)
+      : c_attn_(o.c_attn()), c_proj_(o.c_proj()), n_head_(o.n_head()) {}
+  BasicCausalSelfAttention(const GPTConfig& c, Generator& gen)
       : c_attn_(c.n_embd, 3 * c.n_embd, gen),
         // GPT-2: residual projections scaled by 1/sqrt(2·n_layer) at init.
         c_proj_(c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))),
         n_head_(c.n_head) {}
 
   template <FloatingElement T>
-  Tensor<T> forward(const Tensor<T>& x) const {  // (B,T,C)
+  Tensor<T, D> forward(const Tensor<T, D>& x) const {  // (B,T,C)
     const std::int64_t B = x.size(0), T_ = x.size(1), C = x.size(2), hs = C / n_head_;
-    const Tensor<T> qkv = c_attn_.forward(x);  // (B,T,3C)
+    const Tensor<T, D> qkv = c_attn_.forward(x);  // (B,T,3C)
     auto heads = [&](std::int64_t part) {      // (B,H,T,hs)
       return qkv.narrow(2, part * C, C).reshape({B, T_, n_head_, hs}).transpose(1, 2).contiguous();
     };
-    const Tensor<T> y = causal_attention(heads(0), heads(1), heads(2));  // (B,H,T,hs)
+    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2));  // (B,H,T,hs)
     return c_proj_.forward(y.transpose(1, 2).reshape({B, T_, C}));
   }
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     c_attn_.collect_parameters(join_name(prefix, "c_attn"), out);
     c_proj_.collect_parameters(join_name(prefix, "c_proj"), out);
   }
+  const BasicLinear<D>& c_attn() const { return c_attn_; }
+  const BasicLinear<D>& c_proj() const { return c_proj_; }
+  std::int64_t n_head() const { return n_head_; }
 
  private:
-  Linear c_attn_, c_proj_;
+  BasicLinear<D> c_attn_, c_proj_;
   std::int64_t n_head_ = 1;
 };
+using CausalSelfAttention = BasicCausalSelfAttention<cpu>;
 
 /// GELU MLP: c_fc [4C, C] -> GELU (tanh approximation, as GPT-2) -> c_proj [C, 4C].
-class MLP {
+template <Device D = cpu>
+class BasicMLP {
  public:
-  MLP() = default;
-  MLP(const GPTConfig& c, Generator& gen)
+  BasicMLP() = default;
+  template <Device S>
+  explicit BasicMLP(const BasicMLP<S>& o) : c_fc_(o.c_fc()), c_proj_(o.c_proj()) {}
+  BasicMLP(const GPTConfig& c, Generator& gen)
       : c_fc_(c.n_embd, 4 * c.n_embd, gen),
         c_proj_(4 * c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))) {}
   template <FloatingElement T>
-  Tensor<T> forward(const Tensor<T>& x) const {
+  Tensor<T, D> forward(const Tensor<T, D>& x) const {
     return c_proj_.forward(gelu_tanh(c_fc_.forward(x)));
   }
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     c_fc_.collect_parameters(join_name(prefix, "c_fc"), out);
     c_proj_.collect_parameters(join_name(prefix, "c_proj"), out);
   }
+  const BasicLinear<D>& c_fc() const { return c_fc_; }
+  const BasicLinear<D>& c_proj() const { return c_proj_; }
 
  private:
-  Linear c_fc_, c_proj_;
+  BasicLinear<D> c_fc_, c_proj_;
 };
+using MLP = BasicMLP<cpu>;
 
 /// Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(·)); dropout on both residual branches.
-class Block {
+template <Device D = cpu>
+class BasicBlock {
  public:
-  Block() = default;
-  Block(const GPTConfig& c, Generator& gen) : ln_1_(c.n_embd), attn_(c, gen), ln_2_(c.n_embd), mlp_(c, gen), dropout_(c.dropout) {}
+  BasicBlock() = default;
+  BasicBlock(const GPTConfig& c, Generator& gen) : ln_1_(c.n_embd), attn_(c, gen), ln_2_(c.n_embd), mlp_(c, gen), dropout_(c.dropout) {}
+  template <Device S>
+  explicit BasicBlock(const BasicBlock<S>& o)
+      : ln_1_(o.ln_1()), attn_(o.attn()), ln_2_(o.ln_2()), mlp_(o.mlp()), dropout_(o.dropout_p()) {}
   template <FloatingElement T>
-  Tensor<T> forward(const Tensor<T>& x, Generator& dropout_gen, bool training) const {
-    const Tensor<T> h = add(x, dropout(attn_.forward(ln_1_.forward(x)), dropout_, dropout_gen, training));
+  Tensor<T, D> forward(const Tensor<T, D>& x, Generator& dropout_gen, bool training) const {
+    const Tensor<T, D> h = add(x, dropout(attn_.forward(ln_1_.forward(x)), dropout_, dropout_gen, training));
     return add(h, dropout(mlp_.forward(ln_2_.forward(h)), dropout_, dropout_gen, training));
   }
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     ln_1_.collect_parameters(join_name(prefix, "ln_1"), out);
     attn_.collect_parameters(join_name(prefix, "attn"), out);
     ln_2_.collect_parameters(join_name(prefix, "ln_2"), out);
     mlp_.collect_parameters(join_name(prefix, "mlp"), out);
   }
+  const BasicLayerNorm<D>& ln_1() const { return ln_1_; }
+  const BasicCausalSelfAttention<D>& attn() const { return attn_; }
+  const BasicLayerNorm<D>& ln_2() const { return ln_2_; }
+  const BasicMLP<D>& mlp() const { return mlp_; }
+  float dropout_p() const { return dropout_; }
 
  private:
-  LayerNorm ln_1_;
-  CausalSelfAttention attn_;
-  LayerNorm ln_2_;
-  MLP mlp_;
+  BasicLayerNorm<D> ln_1_;
+  BasicCausalSelfAttention<D> attn_;
+  BasicLayerNorm<D> ln_2_;
+  BasicMLP<D> mlp_;
   float dropout_ = 0.f;
 };
+using Block = BasicBlock<cpu>;
 
-class GPT {
+template <Device D = cpu>
+class BasicGPT {
  public:
-  GPT(const GPTConfig& config, Generator& gen) : config_(config) {
+  BasicGPT(const GPTConfig& config, Generator& gen) : config_(config) {
     config_.validate();
-    wte_ = Embedding(config.vocab_size, config.n_embd, gen);
-    wpe_ = Embedding(config.block_size, config.n_embd, gen);
+    wte_ = BasicEmbedding<D>(config.vocab_size, config.n_embd, gen);
+    wpe_ = BasicEmbedding<D>(config.block_size, config.n_embd, gen);
     for (std::int64_t i = 0; i < config.n_layer; ++i) blocks_.emplace_back(config_, gen);
-    ln_f_ = LayerNorm(config.n_embd);
+    ln_f_ = BasicLayerNorm<D>(config.n_embd);
+  }
+  /// A copy of `other` (weights, configuration, checkpointing mode) on device D: a GPU model that starts
+  /// from a CPU model's initialization or checkpoint.
+  template <Device S>
+  explicit BasicGPT(const BasicGPT<S>& other)
+      : config_(other.config()), wte_(other.wte()), wpe_(other.wpe()), ln_f_(other.ln_f()), checkpoint_(other.checkpoint()) {
+    for (const auto& b : other.blocks()) blocks_.emplace_back(b);
   }
 
   /// Logits (B,T,V) for token ids idx (B,T). Dropout draws from `dropout_gen` when training.
   template <FloatingElement T>
-  Tensor<T> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
+  Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
     TG_CHECK(idx.dim() == 2, "GPT::forward: idx must be (B,T), got ", idx.shape());
     const std::int64_t T_ = idx.size(1);
     TG_CHECK(T_ <= config_.block_size, "GPT::forward: sequence length ", T_, " exceeds block_size ", config_.block_size);
     const Tensor<std::int64_t> pos = Tensor<std::int64_t>::arange(T_);
-    Tensor<T> x = add(wte_.forward<T>(idx), wpe_.forward<T>(pos));  // (B,T,C) + (T,C)
+    Tensor<T, D> x = add(wte_.template forward<T>(idx), wpe_.template forward<T>(pos));  // (B,T,C) + (T,C)
     x = dropout(x, config_.dropout, dropout_gen, training);
-    for (const Block& b : blocks_) x = checkpointed(checkpoint_, b, x, dropout_gen, training);  // Note [checkpoint regions]
+    for (const BasicBlock<D>& b : blocks_) x = checkpointed(checkpoint_, b, x, dropout_gen, training);  // Note [checkpoint regions]
     x = ln_f_.forward(x);
     return linear(x, amp::param_as<T>(wte_.weight()));  // tied LM head: logits = x·wteᵀ
   }
   template <FloatingElement T>
-  Tensor<T> forward(const Tensor<std::int64_t>& idx) const {
+  Tensor<T, D> forward(const Tensor<std::int64_t>& idx) const {
     Generator unused(0);
     return forward<T>(idx, unused, false);
   }
 
   /// GPT-2's names: wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight, ..., ln_f.bias.
   /// The LM head is tied to wte and not listed separately.
-  std::vector<NamedParameter> named_parameters() const {
-    std::vector<NamedParameter> out;
+  std::vector<DeviceParameter<D>> named_parameters() const {
+    std::vector<DeviceParameter<D>> out;
     wte_.collect_parameters("wte", out);
     wpe_.collect_parameters("wpe", out);
     for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].collect_parameters("h." + std::to_string(i), out);
@@ -165,14 +198,18 @@ class GPT {
   /// Activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (keep inputs only).
   void set_checkpoint(CheckpointMode mode) { checkpoint_ = mode; }
   CheckpointMode checkpoint() const { return checkpoint_; }
-  const std::vector<Block>& blocks() const { return blocks_; }
+  const std::vector<BasicBlock<D>>& blocks() const { return blocks_; }
+  const BasicEmbedding<D>& wte() const { return wte_; }
+  const BasicEmbedding<D>& wpe() const { return wpe_; }
+  const BasicLayerNorm<D>& ln_f() const { return ln_f_; }
 
  private:
   GPTConfig config_;
-  Embedding wte_, wpe_;
-  std::vector<Block> blocks_;
-  LayerNorm ln_f_;
+  BasicEmbedding<D> wte_, wpe_;
+  std::vector<BasicBlock<D>> blocks_;
+  BasicLayerNorm<D> ln_f_;
   CheckpointMode checkpoint_ = CheckpointMode::none;
 };
+using GPT = BasicGPT<cpu>;
 
 }  // namespace tg::nn

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "typegrad/core/tensor.hpp"
+#include "typegrad/ops/views.hpp"
 #include "typegrad/optim/param.hpp"
 
 namespace tg::nn {
@@ -14,6 +16,9 @@ namespace tg::nn {
 /// A trainable fp32 master tensor and its hierarchical name (the optimizers' Param: one type for the
 /// model, the optimizer, checkpoints and sharding). Copies share the tensor and its gradient.
 using NamedParameter = optim::Param;
+/// The same on device D (a model built with BasicGPT<D>).
+template <Device D>
+using DeviceParameter = optim::BasicParam<D>;
 
 inline std::string join_name(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -25,16 +30,49 @@ inline std::int64_t count_parameters(const std::vector<NamedParameter>& ps) {
   return n;
 }
 
-/// A leaf fp32 parameter drawn from N(0, std) with the given generator.
-inline Tensor<fp32> normal_parameter(const Shape& shape, float stddev, Generator& gen) {
-  Tensor<fp32> t = Tensor<fp32>::normal(shape, 0.f, stddev, gen);
+/// `src`'s values as a new leaf on device D that requires grad (undefined stays undefined). Parameters are
+/// drawn on the host and copied, so a seed gives the same weights on every device.
+template <Device D, Device S>
+Tensor<fp32, D> parameter_on(const Tensor<fp32, S>& src) {
+  if (!src.defined()) return Tensor<fp32, D>();
+  Tensor<fp32, D> t;
+  if constexpr (std::is_same_v<D, S>) t = src.detach().clone();
+  else t = src.detach().template to<D>().detach();
   t.requires_grad_();
   return t;
 }
-inline Tensor<fp32> constant_parameter(const Shape& shape, double value) {
-  Tensor<fp32> t = Tensor<fp32>::full(shape, value);
+
+/// A leaf fp32 parameter drawn from N(0, std) with the given generator.
+template <Device D = cpu>
+Tensor<fp32, D> normal_parameter(const Shape& shape, float stddev, Generator& gen) {
+  Tensor<fp32> t = Tensor<fp32>::normal(shape, 0.f, stddev, gen);
+  if constexpr (!std::is_same_v<D, cpu>) return parameter_on<D>(t);
   t.requires_grad_();
   return t;
+}
+template <Device D = cpu>
+Tensor<fp32, D> constant_parameter(const Shape& shape, double value) {
+  Tensor<fp32> t = Tensor<fp32>::full(shape, value);
+  if constexpr (!std::is_same_v<D, cpu>) return parameter_on<D>(t);
+  t.requires_grad_();
+  return t;
+}
+
+/// Copies the values of `from` into `to` in place (same names and shapes, in order; any devices): how a
+/// device model's weights reach the host model for a checkpoint, and back after a resume.
+template <Device S, Device D>
+void copy_parameter_values(const std::vector<optim::BasicParam<S>>& from, const std::vector<optim::BasicParam<D>>& to) {
+  TG_CHECK(from.size() == to.size(), "copy_parameter_values: ", from.size(), " source parameters, ", to.size(),
+           " destination parameters");
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    const auto& s = from[i];
+    const auto& d = to[i];
+    TG_CHECK(s.name == d.name && s.tensor.shape() == d.tensor.shape(), "copy_parameter_values: parameter ", i, " is '",
+             s.name, "' ", s.tensor.shape(), " in the source and '", d.name, "' ", d.tensor.shape(), " in the destination");
+    TG_CHECK(d.tensor.is_contiguous(), "copy_parameter_values: '", d.name, "' must be contiguous");
+    const Tensor<fp32, D> v = s.tensor.detach().template to<D>();
+    if (v.numel() > 0) tg::detail::copy_tensor(v, d.tensor);
+  }
 }
 
 }  // namespace tg::nn

@@ -116,7 +116,10 @@ class GradAccumulator {
 
  private:
   struct NoScaling {  // the plain path: scale 1, no check
-    bool unscale(const Optimizer&) { return false; }
+    template <class Opt>
+    bool unscale(const Opt&) {
+      return false;
+    }
     void update(bool) {}
   };
   CountPolicy policy_{};

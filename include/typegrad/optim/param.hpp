@@ -15,15 +15,17 @@
 
 namespace tg::optim {
 
-/// A parameter: its GPT-2 style name ("h.3.attn.c_attn.weight") and an fp32 leaf that requires grad.
-/// The tensor is shared with the model (same storage and autograd meta): the optimizer updates it in place.
-struct Param {
+/// A parameter: its GPT-2 style name ("h.3.attn.c_attn.weight") and an fp32 leaf on device D that requires
+/// grad. The tensor is shared with the model (same storage and autograd meta): the optimizer updates it in
+/// place. `Param` is the CPU form every optimizer takes; BasicParam<cuda> is a model's parameter on the GPU.
+template <Device D>
+struct BasicParam {
   std::string name;
-  Tensor<fp32> tensor;
+  Tensor<fp32, D> tensor;
 
-  Param() = default;
+  BasicParam() = default;
   /// Marks `t` as requiring grad; it must be a contiguous leaf.
-  Param(std::string n, Tensor<fp32> t) : name(std::move(n)), tensor(std::move(t)) {
+  BasicParam(std::string n, Tensor<fp32, D> t) : name(std::move(n)), tensor(std::move(t)) {
     TG_CHECK(!name.empty(), "optim::Param: a parameter needs a name");
     TG_CHECK(tensor.defined(), "optim::Param: '", name, "' has no tensor");
     TG_CHECK(tensor.is_contiguous(), "optim::Param: '", name, "' must be contiguous, its shape is ", tensor.shape(),
@@ -31,6 +33,7 @@ struct Param {
     tensor.requires_grad_(true);
   }
 };
+using Param = BasicParam<cpu>;
 
 /// Parameters sharing hyperparameters. `lr_scale` multiplies the optimizer's lr (set_lr sets every group's
 /// lr to lr·lr_scale); `weight_decay` overrides the optimizer's default when set.
@@ -61,7 +64,8 @@ inline std::vector<std::string_view> split_dots(std::string_view s) {
 //   * a component is "wte" or "wpe"                                 (token / position embeddings)
 //   * the tensor has fewer than 2 dimensions                        (any other gain or scalar)
 // Every other (>= 2-D) parameter decays. Components are matched whole, so "kiln.weight" is not LayerNorm.
-inline bool is_no_decay(const Param& p) {
+template <Device D>
+bool is_no_decay(const BasicParam<D>& p) {
   const auto parts = detail::split_dots(p.name);
   if (!parts.empty() && parts.back() == "bias") return true;
   for (auto c : parts)

@@ -1,0 +1,454 @@
+// The trainer's pieces shared by its two translation units: options, data and checkpoint helpers, and the
+// training loop, generic over the device (train_gpt.cpp: the CPU path and main(); train_gpt_cuda.cpp: the
+// GPU path, compiled once for fp32 and bf16).
+//   train_gpt::Run r{...};  return train_gpt::train<tg::cpu>(r, model, opt, amp, [] {});
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <typegrad/amp/amp.hpp>
+#include <typegrad/detail/cuda/runtime.hpp>
+#include <typegrad/data/dataset.hpp>
+#include <typegrad/data/sampler.hpp>
+#include <typegrad/data/tokenizer.hpp>
+#include <typegrad/io/scaler_state.hpp>
+#include <typegrad/io/train_state.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace train_gpt {
+
+struct Options {
+  std::string data;
+  std::string model = "tiny";
+  std::int64_t batch = 16;
+  std::int64_t seq = 64;
+  std::int64_t grad_accum = 1;
+  std::int64_t steps = 2000;
+  float lr = 2e-3f;
+  float min_lr = -1.f;  // default: lr / 10
+  std::int64_t warmup = 50;
+  std::string schedule = "cosine";
+  std::string optimizer = "adamw";
+  float weight_decay = 0.1f;
+  double clip = 1.0;
+  std::uint64_t seed = 1337;
+  int threads = 0;
+  std::int64_t eval_every = 250;
+  std::int64_t eval_batches = 8;
+  std::int64_t sample_every = 0;
+  std::int64_t sample_tokens = 200;
+  float temperature = 0.8f;
+  std::int64_t top_k = 40;
+  float dropout = 0.0f;
+  double val_fraction = 0.1;
+  std::string log;
+  std::string prompt = "\n";
+  // checkpoints (docs/checkpoints.md)
+  std::string save_dir;
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t keep = 3;
+  std::string resume;     // a checkpoint file, or a directory (its latest)
+  std::string init_from;  // weights only (safetensors)
+  std::string checkpoint = "none";
+  std::string precision = "fp32";
+  std::string device = "cpu";
+};
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+inline std::string human_bytes(std::int64_t b) {
+  char buf[32];
+  if (b >= (1ll << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ll << 30));
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+inline std::string human_time(double s) {
+  char buf[32];
+  const int m = static_cast<int>(s) / 60;
+  std::snprintf(buf, sizeof buf, "%dm%02ds", m, static_cast<int>(s) % 60);
+  return buf;
+}
+
+inline tg::optim::Schedule make_schedule(const Options& o, std::int64_t steps) {
+  using namespace tg::optim;
+  const float min_lr = o.min_lr >= 0 ? o.min_lr : o.lr / 10;
+  const std::int64_t decay_steps = std::max<std::int64_t>(1, steps - o.warmup);
+  auto with_warmup = [&](auto decay) -> Schedule {
+    if (o.warmup > 0) return Warmup{o.warmup}.then(decay);
+    return decay;
+  };
+  if (o.schedule == "cosine") return with_warmup(Cosine{o.lr, decay_steps, min_lr});
+  if (o.schedule == "linear") return with_warmup(LinearDecay{o.lr, decay_steps, min_lr});
+  if (o.schedule == "constant") return with_warmup(Constant{o.lr});
+  if (o.schedule == "invsqrt") return with_warmup(InverseSqrt{o.lr, std::max<std::int64_t>(1, o.warmup)});
+  throw tg::Error("--schedule: unknown schedule '", o.schedule, "' (expected cosine, linear, constant or invsqrt)");
+}
+
+inline std::unique_ptr<tg::optim::Optimizer> make_optimizer(const Options& o, const std::vector<tg::optim::Param>& params) {
+  using namespace tg::optim;
+  auto groups = default_groups(params, o.weight_decay);
+  if (o.optimizer == "adamw") return std::make_unique<AdamW>(groups, AdamWOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay});
+  if (o.optimizer == "adam") return std::make_unique<Adam>(groups, AdamOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.f});
+  if (o.optimizer == "sgd") return std::make_unique<Sgd>(groups, SgdOptions{.lr = o.lr, .momentum = 0.9f, .dampening = 0.f, .nesterov = true, .weight_decay = 0.f});
+  if (o.optimizer == "lamb") return std::make_unique<Lamb>(groups, LambOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .weight_decay = o.weight_decay});
+  if (o.optimizer == "adafactor") {
+    AdafactorOptions a;
+    a.lr = o.lr;
+    a.relative_step = false;
+    a.weight_decay = 0.f;
+    return std::make_unique<Adafactor>(groups, a);
+  }
+  throw tg::Error("--optimizer: unknown optimizer '", o.optimizer, "' (expected adamw, adam, sgd, lamb or adafactor)");
+}
+
+/// AdamW's / Adam's settings in make_optimizer, for the GPU optimizer (tg::optim::DeviceAdam).
+inline tg::optim::AdamWOptions adam_options(const Options& o) {
+  return {.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay};
+}
+
+/// `t` on the host (a copy when it lives on a device).
+template <class T, class D>
+tg::Tensor<T> to_host(const tg::Tensor<T, D>& t) {
+  if constexpr (std::is_same_v<D, tg::cpu>) return t;
+  else return t.template to<tg::cpu>();
+}
+
+/// Mean cross-entropy over `batches` sequential validation batches (no tape).
+template <class Model>
+double evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq,
+                std::int64_t batches) {
+  tg::NoGrad no_grad;
+  auto sampler = tg::data::BatchSampler::sequential(ds.validation(), batch, seq);
+  const std::int64_t n = std::max<std::int64_t>(1, std::min(batches, sampler.num_batches()));
+  double total = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto b = sampler.next();
+    total += static_cast<double>(tg::cross_entropy(model.template forward<tg::fp32>(b.inputs), b.targets).item());
+  }
+  return total / static_cast<double>(n);
+}
+
+/// Autoregressive sampling with temperature and top-k from the model's next-token distribution.
+template <class Model>
+std::string generate(const Model& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
+                     std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen) {
+  tg::NoGrad no_grad;
+  std::vector<std::int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids.push_back(static_cast<std::int32_t>('\n'));
+  const std::int64_t block = model.config().block_size, V = model.config().vocab_size;
+  for (std::int64_t s = 0; s < tokens; ++s) {
+    const std::int64_t start = std::max<std::int64_t>(0, static_cast<std::int64_t>(ids.size()) - block);
+    const std::int64_t T = static_cast<std::int64_t>(ids.size()) - start;
+    auto idx = tg::Tensor<std::int64_t>::empty({1, T});
+    for (std::int64_t t = 0; t < T; ++t) idx.data()[t] = ids[static_cast<std::size_t>(start + t)];
+    const auto logits = to_host(model.template forward<tg::fp32>(idx)).contiguous();
+    const float* last = logits.data() + (T - 1) * V;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    const std::int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](auto a, auto b) { return last[a] > last[b]; });
+    std::vector<double> p(static_cast<std::size_t>(k));
+    const double mx = last[order[0]];
+    double z = 0;
+    for (std::int64_t i = 0; i < k; ++i) z += p[static_cast<std::size_t>(i)] = std::exp((last[order[static_cast<std::size_t>(i)]] - mx) / std::max(temperature, 1e-4f));
+    double u = gen.uniform() * z;
+    std::int64_t pick = order[static_cast<std::size_t>(k - 1)];
+    for (std::int64_t i = 0; i < k; ++i) {
+      u -= p[static_cast<std::size_t>(i)];
+      if (u <= 0) {
+        pick = order[static_cast<std::size_t>(i)];
+        break;
+      }
+    }
+    ids.push_back(static_cast<std::int32_t>(pick));
+  }
+  return tok.decode(std::span<const std::int32_t>(ids));
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------
+// The settings that decide what a run computes (not where it writes), as JSON for the checkpoint.
+inline std::string run_config_json(const Options& o) {
+  auto str = [](const std::string& v) {
+    std::string out = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        out += buf;
+      } else {
+        out += c;
+      }
+    }
+    return out + "\"";
+  };
+  auto num = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  std::ostringstream j;
+  j << "{\"data\":" << str(o.data) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.batch << ",\"seq\":" << o.seq
+    << ",\"grad_accum\":" << o.grad_accum << ",\"steps\":" << o.steps << ",\"lr\":" << num(o.lr) << ",\"min_lr\":" << num(o.min_lr)
+    << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
+    << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
+    << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction)
+    << ",\"precision\":" << str(o.precision) << "}";
+  return j.str();
+}
+
+/// Everything the loop needs to continue exactly (Note [training-state checkpoints]).
+struct LoopState {
+  tg::optim::Schedule& schedule;
+  tg::data::BatchSampler& sampler;
+  tg::Generator& init_gen;
+  tg::Generator& dropout_gen;
+  tg::Generator& sample_gen;
+  tg::optim::GradAccumRuntime& accum;
+  double& loss_ema;
+  std::int64_t& tokens_done;
+};
+
+inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t step, const std::vector<tg::optim::Param>& params,
+                     const tg::optim::Optimizer& opt, const LoopState& s, const std::optional<tg::io::ScalerStateRecord>& scaler) {
+  tg::io::TrainStateRecord r;
+  r.step = step;
+  r.schedule_step = s.schedule.step();
+  r.sampler = s.sampler.position();
+  r.generators = {{"init", tg::io::record_of(s.init_gen)}, {"dropout", tg::io::record_of(s.dropout_gen)},
+                  {"sample", tg::io::record_of(s.sample_gen)}};
+  r.grad_accum = tg::io::GradAccumRecord{s.accum.n(), s.accum.micro_index(), s.accum.steps()};
+  r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)}};
+  r.scaler = scaler;
+  r.config_json = run_config_json(o);
+  const auto t0 = Clock::now();
+  const std::string path = dir.save(params, opt, r);
+  std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
+}
+
+/// Loads --resume into the model and optimizer, restores the loop's positions and hands back the loss
+/// scaler's state (if the run had one); returns the step reached.
+inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& params, tg::optim::Optimizer& opt,
+                         const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler) {
+  const std::string path = tg::io::resolve_resume(o.resume);
+  const tg::io::TrainStateRecord r = tg::io::load_train_state(path, params, opt);
+  for (const auto& d : tg::io::config_differences(r.config_json, run_config_json(o)))
+    std::printf("warning: resuming with a different setting, the run will not repeat the original: %s\n", d.c_str());
+  TG_CHECK(r.grad_accum && r.grad_accum->n == o.grad_accum, "--resume: ", path, " was saved with --grad-accum ",
+           r.grad_accum ? r.grad_accum->n : 0, ", this run uses ", o.grad_accum);
+  s.schedule.set_step(r.schedule_step);
+  s.sampler.set_position(r.sampler);
+  for (auto [name, gen] : {std::pair{"init", &s.init_gen}, {"dropout", &s.dropout_gen}, {"sample", &s.sample_gen}}) {
+    auto it = r.generators.find(name);
+    TG_CHECK(it != r.generators.end(), "--resume: ", path, " has no state for the '", name, "' generator");
+    tg::io::restore(*gen, it->second);
+  }
+  s.accum.restore(r.grad_accum->steps, r.grad_accum->micro_index);
+  if (auto it = r.scalars.find("loss_ema"); it != r.scalars.end()) s.loss_ema = it->second;
+  if (auto it = r.scalars.find("tokens_done"); it != r.scalars.end()) s.tokens_done = static_cast<std::int64_t>(it->second);
+  scaler = r.scaler;
+  std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(r.step));
+  return r.step;
+}
+
+// Note [training on a GPU]
+// The CPU objects are the run's reference: the host model (nn::GPT) is built from the seed, --init-from and
+// --resume load into it and its optimizer, and checkpoints are written from them. With --device cuda the
+// loop trains a copy on the GPU (nn::BasicGPT<cuda>, built from the host model after any loading) with
+// optim::DeviceAdam<cuda> (fused multi-tensor Adam/AdamW, state loaded from the host optimizer); before each
+// checkpoint the weights and optimizer state are copied back into the host model and optimizer and saved
+// as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way round. The generators,
+// sampler, schedule and accumulator are host objects on both devices. On the GPU, 16-bit compute converts
+// each fp32 master per use (amp::param_as; no per-step weight copies yet); fp16's DynamicScaler unscales
+// and checks the GPU gradients in one launch (amp::detail::unscale_grads). SGD, LAMB and Adafactor have
+// per-tensor CUDA kernels but no device optimizer yet: main() rejects them with --device cuda.
+
+/// A checkpoint's loss-scaler state into `scaler` (tg::io::restore_scaler), with the warning when this run's
+/// precision has no scaler to take it.
+template <class Scaler>
+void restore_scaler_or_warn(Scaler& scaler, const std::optional<tg::io::ScalerStateRecord>& saved) {
+  if (!tg::io::restore_scaler(scaler, saved))
+    std::printf("warning: the checkpoint has a loss scaler's state; this run's precision uses none\n");
+}
+
+/// The host side of a run, shared by the CPU and GPU loops.
+struct Run {
+  const Options& o;
+  const tg::data::ByteTokenizer& tok;
+  const tg::data::TextDataset& ds;
+  const tg::nn::GPTConfig& config;
+  const std::vector<tg::optim::Param>& params;  // the host model's
+  tg::optim::Optimizer& host_opt;
+  tg::optim::Schedule& schedule;
+  tg::optim::GradAccumRuntime& accum;
+  tg::data::BatchSampler& sampler;
+  tg::Generator& dropout_gen;
+  tg::Generator& sample_gen;
+  const LoopState& loop_state;
+  std::optional<tg::io::CheckpointDir>& ckpts;
+  double& loss_ema;
+  std::int64_t& tokens_done;
+  std::int64_t start_step;
+};
+
+/// The GPU's counterpart of amp::MixedPrecision: forward in the policy's compute type, an fp32 loss, the
+/// policy's default loss scaler (DynamicScaler for fp16), no per-step weight copies (Note [training on a GPU]).
+template <class Policy>
+struct DeviceAmp {
+  using compute_type = tg::amp::storage_t<tg::amp::op::linear, Policy>;
+  using loss_type = tg::amp::storage_t<tg::amp::op::cross_entropy, Policy>;
+  tg::amp::default_scaler_t<Policy> scaler;
+  template <class Model>
+  auto forward(const Model& model, const tg::Tensor<std::int64_t>& idx, tg::Generator& gen, bool training = true) const {
+    return model.template forward<compute_type>(idx, gen, training);
+  }
+  template <class T, class D>
+  tg::Tensor<loss_type, D> loss(const tg::Tensor<T, D>& logits, const tg::Tensor<std::int64_t>& targets) const {
+    return tg::cross_entropy_as<loss_type>(logits, targets);
+  }
+  template <class Accum>
+  bool after_step(const Accum& accum) const {
+    return !accum.last_step_skipped();
+  }
+};
+
+/// The training loop on device D: `model` and `opt` live there; `sync_host()` copies their weights and
+/// optimizer state into the host model and optimizer before a checkpoint is written from those.
+template <class D, class Model, class Opt, class Amp, class SyncHost>
+int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) {
+  const Options& o = r.o;
+  const auto& tok = r.tok;
+  const auto& ds = r.ds;
+  const auto& config = r.config;
+  const auto& params = r.params;
+  auto& schedule = r.schedule;
+  auto& accum = r.accum;
+  auto& sampler = r.sampler;
+  auto& dropout_gen = r.dropout_gen;
+  auto& sample_gen = r.sample_gen;
+  auto& ckpts = r.ckpts;
+  double& loss_ema = r.loss_ema;
+  std::int64_t& tokens_done = r.tokens_done;
+  const std::int64_t start_step = r.start_step;
+  std::ofstream log;
+  if (!o.log.empty()) {
+    log.open(o.log);
+    TG_CHECK(log.good(), "--log: cannot open '", o.log, "' for writing");
+  }
+  const bool tty = isatty(fileno(stdout));
+  std::printf("typegrad %s | data: %s (%lld train / %lld val tokens, byte-level)\n", TG_VERSION_STRING,
+              ds.source().c_str(), static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
+  const std::string where = std::is_same_v<D, tg::cuda> ? "GPU: " + tg::backend::cuda::device_description()
+                                                         : std::to_string(tg::backend::cpu::num_threads()) + " threads";
+  std::printf("model %s: L=%lld H=%lld C=%lld T=%lld V=%lld, %.2fM parameters | %s, %s schedule, lr %.2g, batch %lldx%lld x%lld accum, %s\n",
+              o.model.c_str(), (long long)config.n_layer, (long long)config.n_head, (long long)config.n_embd,
+              (long long)config.block_size, (long long)config.vocab_size, tg::nn::count_parameters(params) / 1e6,
+              o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
+              where.c_str());
+  std::printf("device %s | activation checkpointing: %s\n", o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()));
+  std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
+  std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
+  const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
+  std::printf("step 0: val loss %.4f\n", val0);
+
+  const auto t_start = Clock::now();
+  double last_val = val0, best_val = val0;
+  double train_time = 0;
+  for (std::int64_t step = start_step + 1; step <= o.steps; ++step) {
+    const auto t0 = Clock::now();
+    double step_loss = 0;
+    for (std::int64_t m = 0; m < o.grad_accum; ++m) {
+      const auto b = sampler.next();
+      const auto loss = amp.loss(amp.forward(model, b.inputs, dropout_gen, true), b.targets);  // fp32 loss
+      step_loss += static_cast<double>(loss.item()) / static_cast<double>(o.grad_accum);
+      accum.scale(loss, amp.scaler).backward();
+      // After each optimizer step, refresh the low-precision weight copies (once per step, not per micro-batch).
+      if (accum.micro_step(opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
+        amp.after_step(accum);
+    }
+    const double dt = seconds_since(t0);
+    train_time += dt;
+    tokens_done += o.batch * o.seq * o.grad_accum;
+    loss_ema = step == 1 ? step_loss : 0.9 * loss_ema + 0.1 * step_loss;
+    const double tok_s = static_cast<double>(o.batch * o.seq * o.grad_accum * (step - start_step)) / train_time;
+    const double left = train_time / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+    const auto mem = tg::allocator<D>().stats();
+    const float lr_used = schedule.lr_at(schedule.step() - 1);
+    char line[320];
+    std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s | left %s",
+                  (long long)step, (long long)o.steps, step_loss, lr_used, accum.last_grad_norm(), dt * 1e3, tok_s,
+                  human_bytes(mem.bytes_in_use).c_str(), human_time(left).c_str());
+    if constexpr (decltype(amp.scaler)::scales_loss)  // fp16: the loss scale and the steps skipped for inf/NaN
+      std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | scale %g | skipped %lld",
+                    amp.scaler.scale(), (long long)amp.scaler.state().skipped_steps);  // the run's total, across resumes
+    const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
+    if (tty) std::printf("\r%s\x1b[K", line);
+    if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
+    if (eval_now) {
+      last_val = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
+      best_val = std::min(best_val, last_val);
+      std::printf("%sstep %lld: val loss %.4f (train loss ema %.4f)\n", tty ? "\n" : "", (long long)step, last_val, loss_ema);
+    }
+    if (o.sample_every > 0 && step % o.sample_every == 0 && step != o.steps)
+      std::printf("%s--- sample at step %lld ---\n%s\n---\n", tty ? "\n" : "", (long long)step,
+                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen).c_str());
+    if (log.is_open()) {
+      log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
+          << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
+          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps;
+      if (eval_now) log << ",\"val_loss\":" << last_val;
+      log << "}\n";
+    }
+    if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
+      sync_host();
+      save_checkpoint(*ckpts, o, step, params, r.host_opt, r.loop_state, tg::io::scaler_record(amp.scaler));
+    }
+    std::fflush(stdout);
+  }
+  if (tty) std::printf("\n");
+  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen);
+  std::printf("\n--- sample (temperature %.2f, top-k %lld) ---\n%s\n---\n", o.temperature, (long long)o.top_k, sample.c_str());
+  const auto mem = tg::allocator<D>().stats();
+  std::printf("\nsummary\n");
+  std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
+  std::printf("  train loss (ema)  %.4f\n", loss_ema);
+  std::printf("  val loss          %.4f at the end, %.4f best, %.4f at step 0 (ln 256 = %.4f)\n", last_val, best_val, val0, std::log(256.0));
+  const std::int64_t steps_run = std::max<std::int64_t>(1, o.steps - start_step);  // in this process (after --resume)
+  std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(steps_run) * 1e3,
+              static_cast<double>(o.batch * o.seq * o.grad_accum * steps_run) / std::max(train_time, 1e-9));
+  std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
+              human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
+  std::printf("  wall time         %s\n", human_time(seconds_since(t_start)).c_str());
+  return 0;
+}
+
+/// The GPU half of run<Policy> (train_gpt_cuda.cpp; Note [training on a GPU]): copies `model` (after any
+/// --init-from / --resume) and the host optimizer's state to the GPU and trains there.
+template <class Policy>
+int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::ScalerStateRecord>& saved_scaler);
+extern template int train_on_cuda<tg::amp::fp32_policy>(Run&, const tg::nn::GPT&,
+                                                        const std::optional<tg::io::ScalerStateRecord>&);
+extern template int train_on_cuda<tg::amp::bf16_mixed>(Run&, const tg::nn::GPT&,
+                                                      const std::optional<tg::io::ScalerStateRecord>&);
+extern template int train_on_cuda<tg::amp::fp16_mixed>(Run&, const tg::nn::GPT&,
+                                                      const std::optional<tg::io::ScalerStateRecord>&);
+
+}  // namespace train_gpt

@@ -1,0 +1,165 @@
+// nn::GPT on CUDA (nn::BasicGPT<cuda>, copied from a CPU model) against the CPU model: logits, loss and
+// every parameter's gradient in fp32 and bf16, activation checkpointing on the GPU, and the GPU trainer's
+// step (DeviceAdam<cuda>, device clipping, GradAccumRuntime) against the CPU trainer's (AdamW,
+// clip_grad_norm), including a state round trip through the host optimizer (how train_gpt checkpoints).
+// Every test skips with the reason when there is no GPU; the CPU halves are tests/optim/test_device_adam.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <typegrad/amp/scaler.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace {
+
+#define TG_SKIP_WITHOUT_GPU()                                                                         \
+  if (tg::backend::cuda::device_count() == 0)                                                         \
+  GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()                      \
+               << "): the GPU GPT and trainer checks run only on a GPU machine (scripts/gpu-check.sh)"
+
+const tg::nn::GPTConfig kTiny{64, 16, 2, 2, 32, 0.f};
+
+std::vector<double> host_values(const tg::Tensor<float>& t) {
+  const auto v = t.to_vector();
+  return {v.begin(), v.end()};
+}
+template <class T, class D>
+std::vector<double> values(const tg::Tensor<T, D>& t) {
+  return host_values(t.detach().template to<tg::fp32>().template to<tg::cpu>());
+}
+/// max|a − b| / max|b| (the optimizer tests' metric).
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return den == 0 ? num : num / den;
+}
+std::pair<tg::Tensor<std::int64_t>, tg::Tensor<std::int64_t>> batch(std::uint64_t seed, std::int64_t B = 2,
+                                                                    std::int64_t T = 16) {
+  tg::Generator gen(seed);
+  auto x = tg::Tensor<std::int64_t>::empty({B, T}), y = tg::Tensor<std::int64_t>::empty({B, T});
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    x.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 64);
+    y.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 64);
+  }
+  return {x, y};
+}
+
+// fp32: the backends differ by summation order (~1e-6 relative per op). bf16: one rounding (2^-8) of an
+// activation can differ, and gradients pass through several; 3e-2 of each tensor's largest entry for the
+// logits, 1e-1 for gradients (a wrong or missing term gives errors of order 1).
+template <class T>
+void compare_gpt(double tol, double grad_tol) {
+  TG_SKIP_WITHOUT_GPU();
+  tg::Generator gen(42);
+  const tg::nn::GPT cpu_model(kTiny, gen);
+  const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
+  const auto cpu_params = cpu_model.named_parameters();
+  const auto gpu_params = gpu_model.named_parameters();
+  ASSERT_EQ(cpu_params.size(), gpu_params.size());
+  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+    ASSERT_EQ(gpu_params[i].name, cpu_params[i].name);
+    EXPECT_EQ(values(gpu_params[i].tensor), host_values(cpu_params[i].tensor)) << "copy of " << cpu_params[i].name;
+  }
+  const auto [x, y] = batch(7);
+  const tg::Tensor<T> cpu_logits = cpu_model.forward<T>(x);
+  const tg::Tensor<T, tg::cuda> gpu_logits = gpu_model.forward<T>(x);
+  EXPECT_LT(rel_err(values(gpu_logits), values(cpu_logits)), tol) << "logits in " << tg::dtype_traits<T>::name;
+  const auto cpu_loss = tg::cross_entropy_as<tg::fp32>(cpu_logits, y);
+  const auto gpu_loss = tg::cross_entropy_as<tg::fp32>(gpu_logits, y);
+  EXPECT_NEAR(gpu_loss.item(), cpu_loss.item(), tol * std::abs(cpu_loss.item()));
+  cpu_loss.backward();
+  gpu_loss.backward();
+  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+    ASSERT_TRUE(gpu_params[i].tensor.grad().defined()) << gpu_params[i].name;
+    EXPECT_LT(rel_err(values(gpu_params[i].tensor.grad()), host_values(cpu_params[i].tensor.grad())), grad_tol)
+        << "gradient of " << cpu_params[i].name << " in " << tg::dtype_traits<T>::name;
+  }
+}
+
+TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInFp32) { compare_gpt<tg::fp32>(1e-4, 1e-3); }
+TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInBf16) { compare_gpt<tg::bf16>(3e-2, 1e-1); }
+
+TEST(GptCuda, CheckpointedBlocksGiveTheSameGradients) {
+  TG_SKIP_WITHOUT_GPU();
+  tg::Generator gen(3);
+  const tg::nn::GPT cpu_model(kTiny, gen);
+  tg::nn::BasicGPT<tg::cuda> plain(cpu_model), ckpt(cpu_model);
+  ckpt.set_checkpoint(tg::CheckpointMode::blocks);
+  const auto [x, y] = batch(9);
+  tg::cross_entropy(plain.forward<tg::fp32>(x), y).backward();
+  tg::cross_entropy(ckpt.forward<tg::fp32>(x), y).backward();
+  const auto a = plain.named_parameters(), b = ckpt.named_parameters();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_LT(rel_err(values(b[i].tensor.grad()), values(a[i].tensor.grad())), 1e-5) << a[i].name;
+}
+
+// The trainer's step on both devices: 2 micro-batches per step, clipping at 0.5, warmup then cosine.
+template <class T, class Scaler = tg::amp::NoScaler>
+void compare_training(double atol, double rtol) {
+  TG_SKIP_WITHOUT_GPU();
+  tg::Generator gen(11);
+  const tg::nn::GPT cpu_model(kTiny, gen);
+  const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
+  const auto cpu_params = cpu_model.named_parameters();
+  const auto gpu_params = gpu_model.named_parameters();
+  const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  tg::optim::AdamW cpu_opt(tg::optim::default_groups(cpu_params, o.weight_decay), o);
+  tg::optim::DeviceAdam<tg::cuda> gpu_opt(gpu_params, o);
+  auto schedule = [] { return tg::optim::Schedule(tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 8, 3e-4f})); };
+  tg::optim::Schedule cpu_sched = schedule(), gpu_sched = schedule();
+  tg::optim::GradAccumRuntime cpu_acc(2), gpu_acc(2);
+  Scaler cpu_scaler, gpu_scaler;
+  for (int micro = 0; micro < 16; ++micro) {
+    const auto [x, y] = batch(100 + static_cast<std::uint64_t>(micro));
+    const auto cpu_loss = tg::cross_entropy_as<tg::fp32>(cpu_model.forward<T>(x), y);
+    const auto gpu_loss = tg::cross_entropy_as<tg::fp32>(gpu_model.forward<T>(x), y);
+    EXPECT_NEAR(gpu_loss.item(), cpu_loss.item(), atol + rtol * std::abs(cpu_loss.item()))
+        << "micro-batch " << micro << " in " << tg::dtype_traits<T>::name;
+    cpu_acc.scale(cpu_loss, cpu_scaler).backward();
+    gpu_acc.scale(gpu_loss, gpu_scaler).backward();
+    cpu_acc.micro_step(cpu_opt, cpu_sched, 0.5, cpu_scaler);
+    gpu_acc.micro_step(gpu_opt, gpu_sched, 0.5, gpu_scaler);
+    EXPECT_NEAR(gpu_acc.last_grad_norm(), cpu_acc.last_grad_norm(), atol + rtol * cpu_acc.last_grad_norm());
+    EXPECT_EQ(gpu_acc.skipped_steps(), cpu_acc.skipped_steps()) << "micro-batch " << micro;
+  }
+  EXPECT_EQ(gpu_opt.step_count(), cpu_opt.step_count());
+  EXPECT_EQ(gpu_sched.step(), cpu_sched.step());
+
+  // Checkpoint path: GPU weights and state into a host model and optimizer, then back onto a fresh GPU model.
+  tg::Generator other(99);
+  const tg::nn::GPT host(kTiny, other);
+  const auto host_params = host.named_parameters();
+  tg::optim::AdamW host_opt(tg::optim::default_groups(host_params, o.weight_decay), o);
+  tg::nn::copy_parameter_values(gpu_params, host_params);
+  host_opt.load_state(gpu_opt.state_tensors());
+  const tg::nn::BasicGPT<tg::cuda> resumed(host);
+  tg::optim::DeviceAdam<tg::cuda> resumed_opt(resumed.named_parameters(), o);
+  resumed_opt.load_state(host_opt.state_tensors());
+  const auto r_params = resumed.named_parameters();
+  for (std::size_t i = 0; i < gpu_params.size(); ++i)
+    EXPECT_EQ(values(r_params[i].tensor), values(gpu_params[i].tensor)) << gpu_params[i].name;
+  const auto a = gpu_opt.state_tensors(), b = resumed_opt.state_tensors();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].tensor.to_vector(), b[i].tensor.to_vector()) << a[i].name;
+  }
+}
+
+// AdamW's m/√v turns round-off in tiny gradients into full-size steps (docs/cuda.md), hence the looser bounds.
+TEST(TrainerCuda, AccumulatedClippedAdamWStepsMatchTheCpuInFp32) { compare_training<tg::fp32>(1e-3, 1e-2); }
+TEST(TrainerCuda, AccumulatedClippedAdamWStepsMatchTheCpuInBf16) { compare_training<tg::bf16>(1e-2, 3e-2); }
+// fp16 with the dynamic loss scaler (2^16 at first: early steps may overflow and be skipped, on both devices).
+TEST(TrainerCuda, AccumulatedClippedAdamWStepsMatchTheCpuInFp16WithLossScaling) {
+  compare_training<tg::fp16, tg::amp::DynamicScaler>(1e-2, 3e-2);
+}
+
+}  // namespace

@@ -1,0 +1,194 @@
+// optim::DeviceAdam (the GPU trainer's optimizer) on the CPU, where it runs the same code as on CUDA except
+// for the element kernel: it must match optim::AdamW / optim::Adam bit for bit, exchange state with them
+// under the same names, clip like clip_grad_norm, and drive GradAccumRuntime like the host optimizers.
+// The CUDA side is tests/cuda/test_cuda_train.cpp.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <typegrad/amp/scaler.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+
+#include "optim/optim_test_util.hpp"
+
+namespace {
+
+using tg::optim::testing::make_param;
+using tg::optim::testing::random_like;
+using tg::optim::testing::set_grad;
+
+std::vector<tg::optim::Param> three_params(std::uint64_t seed) {
+  return {make_param("h.0.mlp.c_fc.weight", {5, 7}, seed), make_param("h.0.mlp.c_fc.bias", {5}, seed + 1),
+          make_param("h.0.ln_1.weight", {7}, seed + 2)};
+}
+std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::NamedTensor>& state) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& e : state) out[e.name] = e.tensor.to_vector();
+  return out;
+}
+
+void expect_same_adam(bool decoupled) {
+  const tg::optim::AdamWOptions o{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  auto ref_params = three_params(1), dev_params = three_params(1);
+  std::unique_ptr<tg::optim::Optimizer> ref;
+  if (decoupled) ref = std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(ref_params, o.weight_decay), o);
+  else ref = std::make_unique<tg::optim::Adam>(tg::optim::default_groups(ref_params, o.weight_decay),
+                                               tg::optim::AdamOptions{o.lr, o.beta1, o.beta2, o.eps, 0.f});
+  tg::optim::DeviceAdam<tg::cpu> dev(dev_params, o, decoupled);
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < ref_params.size(); ++i) {
+      if (step == 1 && i == 2) continue;  // no gradient: skipped, its step count lags the others
+      set_grad(ref_params[i], random_like(ref_params[i], 100 + 10 * step + i));
+      set_grad(dev_params[i], random_like(dev_params[i], 100 + 10 * step + i));
+    }
+    ref->set_lr(o.lr * (1.f + static_cast<float>(step)) / 4.f);
+    dev.set_lr(o.lr * (1.f + static_cast<float>(step)) / 4.f);
+    ref->step();
+    dev.step();
+    ref->zero_grad();
+    dev.zero_grad();
+    for (std::size_t i = 0; i < ref_params.size(); ++i)
+      EXPECT_EQ(dev_params[i].tensor.to_vector(), ref_params[i].tensor.to_vector()) << ref_params[i].name << " step " << step;
+  }
+  EXPECT_EQ(dev.step_count(), ref->step_count());
+  EXPECT_EQ(by_name(dev.state_tensors()), by_name(ref->state_tensors()));
+  EXPECT_EQ(by_name(dev.state_tensors()).at("h.0.ln_1.weight.step"), std::vector<float>{3.f});
+}
+
+TEST(DeviceAdamCpu, MatchesAdamWBitForBit) { expect_same_adam(true); }
+TEST(DeviceAdamCpu, MatchesAdamWithL2DecayBitForBit) { expect_same_adam(false); }
+
+TEST(DeviceAdamCpu, StateMovesBetweenItAndTheHostOptimizer) {
+  const tg::optim::AdamWOptions o{.lr = 1e-2f, .weight_decay = 0.1f};
+  auto a_params = three_params(3), b_params = three_params(3);
+  tg::optim::DeviceAdam<tg::cpu> a(a_params, o);
+  tg::optim::AdamW host(tg::optim::default_groups(b_params, o.weight_decay), o);
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : a_params) set_grad(p, random_like(p, 7 + step));
+    a.step();
+    a.zero_grad();
+  }
+  host.load_state(a.state_tensors());  // as the trainer does before a checkpoint
+  EXPECT_EQ(by_name(host.state_tensors()), by_name(a.state_tensors()));
+  tg::optim::DeviceAdam<tg::cpu> c(b_params, o);
+  c.load_state(host.state_tensors());  // as the trainer does after --resume
+  EXPECT_EQ(by_name(c.state_tensors()), by_name(a.state_tensors()));
+  EXPECT_EQ(c.step_count(), 2);
+
+  auto bad = a.state_tensors();
+  bad.push_back({"h.9.attn.c_attn.weight.exp_avg", tg::Tensor<tg::fp32>::zeros({2})});
+  EXPECT_THROW(
+      {
+        try {
+          c.load_state(bad);
+        } catch (const tg::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("unknown entry 'h.9.attn.c_attn.weight.exp_avg'"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      tg::Error);
+  auto misshapen = a.state_tensors();
+  misshapen[0].tensor = tg::Tensor<tg::fp32>::zeros({3});
+  EXPECT_THROW(c.load_state(misshapen), tg::Error);
+}
+
+TEST(DeviceAdamCpu, ClippingMatchesClipGradNorm) {
+  for (double max_norm : {0.5, 1e6}) {
+    auto a = three_params(5), b = three_params(5);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      set_grad(a[i], random_like(a[i], 50 + i, 3.f));
+      set_grad(b[i], random_like(b[i], 50 + i, 3.f));
+    }
+    tg::optim::DeviceAdam<tg::cpu> opt(a, {});
+    const double na = tg::optim::clip_grad_norm(opt, max_norm);
+    const double nb = tg::optim::clip_grad_norm(std::span<const tg::optim::Param>(b), max_norm);
+    EXPECT_NEAR(na, nb, 1e-12 * nb);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_LT(tg::optim::testing::rel_err_inf(a[i].tensor.grad(), b[i].tensor.grad()), 1e-6) << a[i].name;
+  }
+}
+
+// fp16's loss scaler on a DeviceAdam (amp::detail::unscale_grads, generic over the optimizer): the same
+// unscaled step as with AdamW, and the same skip (nothing changes, the scale halves) on an inf gradient.
+TEST(DeviceAdamCpu, DynamicScalerUnscalesAndSkipsLikeWithAdamW) {
+  const tg::optim::AdamWOptions o{.lr = 1e-2f, .weight_decay = 0.1f};
+  auto ref_params = three_params(21), dev_params = three_params(21);
+  tg::optim::AdamW ref(tg::optim::default_groups(ref_params, o.weight_decay), o);
+  tg::optim::DeviceAdam<tg::cpu> dev(dev_params, o);
+  tg::amp::DynamicScaler ref_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0}),
+      dev_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0});
+  tg::optim::Schedule ref_sched = tg::optim::Constant{1e-2f}, dev_sched = tg::optim::Constant{1e-2f};
+  tg::optim::GradAccumRuntime ref_acc(1), dev_acc(1);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < ref_params.size(); ++i) {
+      tg::Tensor<tg::fp32> g = random_like(ref_params[i], 300 + 10 * step + i, 1024.f);  // gradients of a scaled loss
+      if (step == 1 && i == 0) g.data()[3] = std::numeric_limits<float>::infinity();
+      set_grad(ref_params[i], g);
+      set_grad(dev_params[i], g.clone());
+    }
+    const auto before = dev_params[1].tensor.to_vector();
+    ref_acc.micro_step(ref, ref_sched, 1.0, ref_scaler);
+    dev_acc.micro_step(dev, dev_sched, 1.0, dev_scaler);
+    EXPECT_EQ(dev_acc.last_step_skipped(), step == 1);
+    EXPECT_EQ(dev_scaler.state(), ref_scaler.state());
+    if (step == 1) EXPECT_EQ(dev_params[1].tensor.to_vector(), before) << "a skipped step must change nothing";
+    for (std::size_t i = 0; i < ref_params.size(); ++i)
+      EXPECT_EQ(dev_params[i].tensor.to_vector(), ref_params[i].tensor.to_vector()) << ref_params[i].name << " step " << step;
+  }
+  EXPECT_EQ(dev.step_count(), 2);
+  EXPECT_EQ(dev_scaler.scale(), 512.0);
+}
+
+TEST(CopyParameterValues, CopiesByNameAndRejectsAMismatch) {
+  const auto cfg = tg::nn::GPTConfig{64, 16, 2, 2, 32, 0.f};
+  tg::Generator g1(1), g2(2);
+  const tg::nn::GPT a(cfg, g1), b(cfg, g2);
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_NE(pa[0].tensor.to_vector(), pb[0].tensor.to_vector());
+  tg::nn::copy_parameter_values(pa, pb);
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].tensor.to_vector(), pb[i].tensor.to_vector()) << pa[i].name;
+  std::vector<tg::optim::Param> fewer(pb.begin(), pb.end() - 1);
+  EXPECT_THROW(tg::nn::copy_parameter_values(pa, fewer), tg::Error);
+}
+
+// The GPU trainer's step (DeviceAdam + its clipping through GradAccumRuntime) against the CPU trainer's
+// (AdamW + clip_grad_norm), on a tiny GPT with 2 micro-batches per step: the clipping norms differ by
+// summation order only, so the losses agree to round-off.
+TEST(DeviceAdamCpu, DrivesGradAccumulationLikeAdamW) {
+  const auto cfg = tg::nn::GPTConfig{64, 16, 2, 2, 32, 0.f};
+  tg::Generator g1(11), g2(11);
+  const tg::nn::GPT ref_model(cfg, g1), dev_model(cfg, g2);
+  const auto ref_params = ref_model.named_parameters(), dev_params = dev_model.named_parameters();
+  const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  tg::optim::AdamW ref_opt(tg::optim::default_groups(ref_params, o.weight_decay), o);
+  tg::optim::DeviceAdam<tg::cpu> dev_opt(dev_params, o);
+  auto schedule = [] { return tg::optim::Schedule(tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 4, 3e-4f})); };
+  tg::optim::Schedule ref_sched = schedule(), dev_sched = schedule();
+  tg::optim::GradAccumRuntime ref_acc(2), dev_acc(2);
+  tg::amp::NoScaler ref_scaler, dev_scaler;
+  tg::Generator data(5);
+  for (int micro = 0; micro < 12; ++micro) {
+    auto x = tg::Tensor<std::int64_t>::empty({2, 16}), y = tg::Tensor<std::int64_t>::empty({2, 16});
+    for (std::int64_t i = 0; i < 32; ++i) {
+      x.data()[i] = static_cast<std::int64_t>(data.next_u64() % 64);
+      y.data()[i] = static_cast<std::int64_t>(data.next_u64() % 64);
+    }
+    const auto ref_loss = tg::cross_entropy(ref_model.forward<tg::fp32>(x), y);
+    const auto dev_loss = tg::cross_entropy(dev_model.forward<tg::fp32>(x), y);
+    EXPECT_NEAR(dev_loss.item(), ref_loss.item(), 1e-5) << "micro-batch " << micro;
+    ref_acc.scale(ref_loss, ref_scaler).backward();
+    dev_acc.scale(dev_loss, dev_scaler).backward();
+    EXPECT_EQ(ref_acc.micro_step(ref_opt, ref_sched, 0.5, ref_scaler), dev_acc.micro_step(dev_opt, dev_sched, 0.5, dev_scaler));
+    EXPECT_NEAR(dev_acc.last_grad_norm(), ref_acc.last_grad_norm(), 1e-6 * ref_acc.last_grad_norm());
+  }
+  EXPECT_EQ(dev_opt.step_count(), 6);
+  EXPECT_EQ(dev_sched.step(), ref_sched.step());
+  for (std::size_t i = 0; i < ref_params.size(); ++i)
+    EXPECT_LT(tg::optim::testing::rel_err_inf(dev_params[i].tensor, ref_params[i].tensor), 1e-4) << ref_params[i].name;
+}
+
+}  // namespace

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# train_gpt --device cuda end to end on a GPU (skips with exit 77 without one):
+#  1. fp32, bf16 and fp16 (loss scaling): 6 optimizer steps (2 micro-batches each, clipping, warmup + cosine, dropout off) on
+#     the GPU log the CPU's losses within tolerance;
+#  2. a GPU checkpoint resumes on the CPU and a CPU checkpoint on the GPU (one file format), and the
+#     resumed runs continue with the uninterrupted run's losses within tolerance;
+#  3. --checkpoint blocks, sampling and evaluation run on the GPU; --optimizer sgd and lamb with
+#     --device cuda are clear errors.
+#   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
+set -euo pipefail
+T=$(readlink -f "$1")
+W=$2
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$W" && mkdir -p "$W" && cd "$W"
+export OMP_NUM_THREADS=2
+DATA=()
+if [ ! -d /usr/share/games/fortunes ]; then  # a corpus that every checkout has
+  cat "$SRC"/docs/*.md "$SRC"/README.md > corpus.txt
+  DATA=(--data corpus.txt)
+fi
+if ! "$T" "${DATA[@]}" --device cuda --steps 1 --warmup 0 --batch 2 --seq 16 --eval-every 0 --eval-batches 1 --sample-tokens 4 > probe.out 2> probe.err; then
+  if grep -q "no usable CUDA device" probe.err; then echo "SKIP: $(cat probe.err)"; exit 77; fi
+  cat probe.err; exit 1
+fi
+C=("${DATA[@]}" --warmup 2 --batch 4 --seq 32 --grad-accum 2 --eval-every 3 --eval-batches 2 --sample-tokens 16 --steps 6)
+losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+# close A B ATOL RTOL: the (step, loss) lines of A and B pair up and agree within ATOL + RTOL·|loss|.
+close() {
+  /usr/bin/python3 - "$1" "$2" "$3" "$4" <<'PY'
+import sys
+a = [l.split() for l in open(sys.argv[1]) if l.strip()]
+b = [l.split() for l in open(sys.argv[2]) if l.strip()]
+atol, rtol = float(sys.argv[3]), float(sys.argv[4])
+assert len(a) == len(b) and len(a) > 0, f"{len(a)} vs {len(b)} steps"
+for (sa, la), (sb, lb) in zip(a, b):
+    assert sa == sb, f"step {sa} vs {sb}"
+    assert abs(float(la) - float(lb)) <= atol + rtol * abs(float(la)), f"step {sa}: loss {la} vs {lb}"
+print(f"{len(a)} steps agree")
+PY
+}
+for p in fp32 bf16 fp16; do
+  "$T" "${C[@]}" --precision $p --device cpu --log cpu_$p.jsonl > cpu_$p.out
+  "$T" "${C[@]}" --precision $p --device cuda --log gpu_$p.jsonl > gpu_$p.out
+  grep -q "GPU: " gpu_$p.out
+  losses cpu_$p.jsonl > cpu_$p.txt
+  losses gpu_$p.jsonl > gpu_$p.txt
+  if [ $p = fp32 ]; then close cpu_$p.txt gpu_$p.txt 1e-3 1e-2; else close cpu_$p.txt gpu_$p.txt 1e-2 3e-2; fi
+done
+echo "1. fp32, bf16 and fp16: GPU losses match the CPU's"
+
+"$T" "${C[@]}" --device cuda --save-dir gpu_ckpt --save-every 3 --keep 0 --log gpu_full.jsonl > gpu_full.out
+"$T" "${C[@]}" --device cpu --resume gpu_ckpt/ckpt-00000003.safetensors --log cpu_resumed.jsonl > cpu_resumed.out
+grep -q "resumed from gpu_ckpt/ckpt-00000003.safetensors at step 3" cpu_resumed.out
+losses gpu_full.jsonl | sed -n '4,6p' > gpu_full_tail.txt
+losses cpu_resumed.jsonl > cpu_resumed.txt
+close gpu_full_tail.txt cpu_resumed.txt 1e-3 1e-2
+"$T" "${C[@]}" --device cpu --save-dir cpu_ckpt --save-every 3 --keep 0 --log cpu_full.jsonl > cpu_full.out
+"$T" "${C[@]}" --device cuda --resume cpu_ckpt/ckpt-00000003.safetensors --log gpu_resumed.jsonl > gpu_resumed.out
+losses cpu_full.jsonl | sed -n '4,6p' > cpu_full_tail.txt
+losses gpu_resumed.jsonl > gpu_resumed.txt
+close cpu_full_tail.txt gpu_resumed.txt 1e-3 1e-2
+"$T" "${C[@]}" --device cuda --init-from gpu_ckpt/ckpt-00000006.safetensors > gpu_init.out
+grep -q "initialized the weights from" gpu_init.out
+echo "2. checkpoints move between the devices"
+
+"$T" "${C[@]}" --device cuda --checkpoint blocks --sample-every 3 --log gpu_blocks.jsonl > gpu_blocks.out
+losses gpu_blocks.jsonl > gpu_blocks.txt
+losses gpu_fp32.jsonl > gpu_fp32_again.txt
+close gpu_fp32_again.txt gpu_blocks.txt 1e-4 1e-3
+grep -q "sample at step 3" gpu_blocks.out
+for bad in "--optimizer sgd" "--optimizer lamb"; do
+  if "$T" "${C[@]}" --device cuda $bad > bad.out 2> bad.err; then echo "FAIL: --device cuda $bad trained"; exit 1; fi
+  grep -q "train_gpt: error: --device cuda: " bad.err
+done
+echo "3. --checkpoint blocks, samples and the unsupported flags"
