@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "typegrad/core/error.hpp"
 
@@ -73,7 +75,48 @@ CpuFeatures detect() {
   return f;
 }
 
+/// Size of a "32K" / "1024K" / "32M" string from sysfs, in bytes; 0 when it cannot be parsed.
+long parse_cache_size(const std::string& text) {
+  std::size_t pos = 0;
+  long v = 0;
+  try {
+    v = std::stol(text, &pos);
+  } catch (...) {
+    return 0;
+  }
+  const char unit = pos < text.size() ? text[pos] : ' ';
+  if (unit == 'K') v *= 1024;
+  else if (unit == 'M') v *= 1024 * 1024;
+  return v > 0 ? v : 0;
+}
+
+CpuCacheSizes detect_caches() {
+  CpuCacheSizes c;
+  bool any = false;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size)) continue;
+    const long bytes = parse_cache_size(size);
+    if (bytes == 0 || type == "Instruction") continue;
+    if (level == 1) c.l1d = bytes;
+    else if (level == 2) c.l2 = bytes;
+    else if (level == 3) c.l3 = bytes;
+    else continue;
+    any = true;
+  }
+  c.from_system = any;
+  return c;
+}
+
 }  // namespace
+
+const CpuCacheSizes& cpu_cache_sizes() {
+  static const CpuCacheSizes sizes = detect_caches();
+  return sizes;
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
@@ -99,6 +142,9 @@ std::string cpu_features_string() {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");
+  const CpuCacheSizes& c = cpu_cache_sizes();
+  s += "; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB, L3 " +
+       std::to_string(c.l3 / 1024) + " KiB" + (c.from_system ? "" : " (defaults: not read from /sys)");
   return s;
 }
 

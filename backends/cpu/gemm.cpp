@@ -2,6 +2,7 @@
 // batched strategy; the Eigen reference (gemm_eigen.cpp) serves fp64, empty K and TG_GEMM_KERNEL=reference.
 #include <omp.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -32,12 +33,22 @@ void apply_epilogue(std::int64_t M, std::int64_t N, T* C, std::int64_t ldc, cons
   }
 }
 
+}  // namespace
+
+double gemm_bf16_dot_speedup() {
+  static const double speedup = cpu_supports(CpuIsa::avx512bf16) ? packed::measure_bf16_dot_speedup() : 0.0;
+  return speedup;
+}
+
+namespace {
+
 // Note [GEMM kernel selection]
 // The ISA level is the best one cpu_supports() reports (Note [ISA kernel levels]) unless TG_GEMM_KERNEL
 // names one; it is read on every call so tests can switch it. Per element type:
 //   fp64                 -> Eigen (the packed kernels are fp32-accumulating; fp64 is for numerical checks)
 //   fp32                 -> the level's fp32 kernel (avx512bf16 -> the avx512 fp32 kernel)
-//   bf16                 -> avx512bf16: vdpbf16ps on bf16 pairs; avx2 / avx512: widened to fp32 in packing,
+//   bf16                 -> avx512bf16: vdpbf16ps on bf16 pairs when it measured at least kBf16DotMinSpeedup
+//                           times the fp32 FMA flop rate, else (and on avx2 / avx512) widened to fp32 in packing,
 //                           so on CPUs without avx512_bf16 bf16 runs at fp32 speed (never faster)
 //   fp16                 -> widened to fp32 in packing on every level (exact, keeps fp16's range)
 CpuIsa requested_isa() {
@@ -49,11 +60,41 @@ CpuIsa requested_isa() {
   return isa;
 }
 
+/// True when TG_GEMM_KERNEL names a level (the choice is then the user's, not the measurement's).
+bool kernel_forced() {
+  const char* env = std::getenv("TG_GEMM_KERNEL");
+  return env != nullptr && *env != '\0';
+}
+
 template <class T>
 CpuIsa isa_for(CpuIsa isa) {
   if constexpr (std::is_same_v<T, double>) return CpuIsa::reference;
   if (isa == CpuIsa::avx512bf16 && !std::is_same_v<T, bf16>) return CpuIsa::avx512;
+  // Note [bf16 kernel choice]: by default vdpbf16ps only where it measured faster than widening to fp32.
+  if (isa == CpuIsa::avx512bf16 && !kernel_forced() && gemm_bf16_dot_speedup() < kBf16DotMinSpeedup)
+    return CpuIsa::avx512;
   return isa;
+}
+
+/// Cache sizes of this CPU and TG_GEMM_BLOCKING="kc,mc,nc" (elements; 0 or empty keeps the derived value).
+packed::GemmBlocking gemm_blocking() {
+  const CpuCacheSizes& caches = cpu_cache_sizes();
+  packed::GemmBlocking b;
+  b.l1d = caches.l1d;
+  b.l2 = caches.l2;
+  const char* env = std::getenv("TG_GEMM_BLOCKING");
+  if (env == nullptr || *env == '\0') return b;
+  std::int64_t* fields[3] = {&b.kc, &b.mc, &b.nc};
+  const char* p = env;
+  for (int i = 0; i < 3; ++i) {
+    char* end = nullptr;
+    const long long v = std::strtoll(p, &end, 10);
+    TG_CHECK(end != p && v >= 0 && v <= (1LL << 20) && *end == (i < 2 ? ',' : '\0'),
+             "gemm: TG_GEMM_BLOCKING='", env, "' must be three non-negative element counts 'kc,mc,nc' (0 = derived)");
+    *fields[i] = v;
+    p = end + 1;
+  }
+  return b;
 }
 
 /// Threads for one GEMM: 1 inside a parallel region or below ~4 MFLOP, else about one per 2 MFLOP.
@@ -127,7 +168,7 @@ template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const T* A,
           std::int64_t lda, const T* B, std::int64_t ldb, float beta, T* C, std::int64_t ldc,
           const GemmEpilogue& epilogue) {
-  const packed::GemmArgs<T> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+  const packed::GemmArgs<T> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue, gemm_blocking()};
   run_one<T>(isa_for<T>(requested_isa()), g, gemm_threads(M, N, K));
 }
 
@@ -143,9 +184,10 @@ void gemm_batched(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64
                   std::int64_t batch) {
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const CpuIsa isa = isa_for<T>(requested_isa());
+  const packed::GemmBlocking blocking = gemm_blocking();
   const auto args = [&](std::int64_t b) {
     return packed::GemmArgs<T>{ta, tb, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
-                               C + b * stride_c, ldc, GemmEpilogue{}};
+                               C + b * stride_c, ldc, GemmEpilogue{}, blocking};
   };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -171,14 +213,18 @@ std::string gemm_kernel_name(DType t) {
   if (t == DType::f64) return "eigen (fp64 reference)";
   TG_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, "gemm_kernel_name: no GEMM for dtype ",
            dtype_name(t));
-  CpuIsa isa = requested_isa();
-  if (isa == CpuIsa::avx512bf16 && t != DType::bf16) isa = CpuIsa::avx512;
+  const CpuIsa requested = requested_isa();
+  const CpuIsa isa = t == DType::bf16 ? isa_for<bf16>(requested) : isa_for<float>(requested);
   if (isa == CpuIsa::reference) return "eigen reference";
   std::string name = isa == CpuIsa::avx2     ? packed::kernel_desc_avx2()
                      : isa == CpuIsa::avx512 ? packed::kernel_desc_avx512()
                                              : packed::kernel_desc_avx512bf16();
-  if (isa == CpuIsa::avx512bf16) return name + " (bf16 x bf16 -> fp32)";
-  if (t == DType::bf16) name += " (bf16 converted to fp32 in packing)";
+  char speedup[96] = "";
+  if (t == DType::bf16 && cpu_supports(CpuIsa::avx512bf16))
+    std::snprintf(speedup, sizeof speedup, "; vdpbf16ps measured at %.2fx the fp32 FMA flop rate%s",
+                  gemm_bf16_dot_speedup(), kernel_forced() ? ", level forced by TG_GEMM_KERNEL" : "");
+  if (isa == CpuIsa::avx512bf16) return name + " (bf16 x bf16 -> fp32" + speedup + ")";
+  if (t == DType::bf16) name += std::string(" (bf16 converted to fp32 in packing") + speedup + ")";
   if (t == DType::f16) name += " (fp16 converted to fp32 in packing)";
   return name;
 }

@@ -26,14 +26,14 @@ struct VecF32x8 {
 // Note [AVX2 GEMM blocking] (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3; 2 x 256-bit FMA, latency 4)
 // 6x16: 12 ymm accumulators (>= 4 x 2 = 8 chains in flight), 2 for B, 1 for the A broadcast; per k it does
 // 12 FMAs for 2 vector loads + 6 broadcasts, under Zen 3's 3 loads / cycle.
-// KC = 256: a B micro-panel is 256 x 16 x 4 B = 16 KiB, half of L1 (the A micro-panel and C stream past it).
-// MC = 240 (40 panels): an A block is 240 x 256 x 4 B = 240 KiB, under half of L2.
+// KC: a B micro-panel takes half of L1d (32 KiB -> KC = 256, 16 KiB; the A micro-panel and C stream past it).
+// MC: an A block takes a quarter of L2 (512 KiB, KC = 256 -> 126 rows; Note [GEMM blocking from cache sizes]).
 // NC = 4096: a B block is 256 x 4096 x 4 B = 4 MiB, well inside L3 (on 2 threads each core packs and
 // reads its own half of it: Note [GEMM blocking and threads]).
 struct Kernel {
   using elem = float;
   static constexpr int MR = 6, NR = 16, KP = 1;
-  static constexpr std::int64_t KC = 256, MC = 240, NC = 4096;
+  static constexpr std::int64_t kL1Eighths = 4, NC = 4096;
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
                                               std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecF32x8, MR, NR / VecF32x8::lanes>(kg, a, b, c, ldc, alpha, beta, direct);

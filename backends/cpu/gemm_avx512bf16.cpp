@@ -2,6 +2,8 @@
 #define TG_GEMM_ISA avx512bf16
 #include "gemm_packed.hpp"
 
+#include <time.h>
+
 namespace tg::backend::cpu::packed::avx512bf16 {
 namespace {
 
@@ -35,13 +37,13 @@ struct VecBf16Pairs {
   static void storec(float* p, acc v) { _mm512_storeu_ps(p, v); }
 };
 
-// Blocking (see Note [AVX-512 GEMM blocking]): a B micro-panel is 32 columns x 2 B per k, so KC = 384
-// gives 24 KiB (half of a 48 KiB L1); an A block is 240 x 384 x 2 B = 180 KiB of L2. KC is even, so only
+// Blocking (see Note [AVX-512 GEMM blocking]): a B micro-panel is 32 columns x 2 B per k and takes 6/8 of
+// L1d, so KC = 384 on a 32 KiB L1d (24 KiB); the A block takes a quarter of L2. KC is even, so only
 // the last K block can be odd, and its missing partner is packed as zero on both sides.
 struct Kernel {
   using elem = std::uint16_t;
   static constexpr int MR = 12, NR = 32, KP = 2;
-  static constexpr std::int64_t KC = 384, MC = 240, NC = 4096;
+  static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
   static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
                                               float* c, std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
@@ -52,6 +54,62 @@ struct Kernel {
 }  // namespace tg::backend::cpu::packed::avx512bf16
 
 namespace tg::backend::cpu::packed {
+
+namespace {
+constexpr int kChains = 16;
+
+// clock_gettime rather than std::chrono: this file is compiled with -mavx512*, and an out-of-line copy of a
+// std:: inline template from here could be the one the linker keeps (Note [GEMM ISA translation units]).
+double now_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}  // > latency x ports for both instructions on Zen 4/5 and Intel cores
+
+__attribute__((noinline)) float fma_chains(std::int64_t iters) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f);
+  for (std::int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+  for (int i = 1; i < kChains; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+__attribute__((noinline)) float dot_chains(std::int64_t iters) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  for (std::int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+  for (int i = 1; i < kChains; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+}  // namespace
+
+// Note [bf16 kernel choice]
+// Whether vdpbf16ps beats widening bf16 to fp32 depends on the core: Zen 4/5 issue it at the zmm FMA rate
+// (twice the flops), some Intel cores at about half that (no gain over fp32 FMAs then). A feature bit
+// cannot tell them apart, so the rates are measured: the same number of independent-chain instructions of
+// each kind, interleaved, best of 7 rounds (a preempted round only makes that round slower). Flops count 4
+// per lane for vdpbf16ps and 2 for an FMA.
+double measure_bf16_dot_speedup() {
+  constexpr std::int64_t kIters = 4000;  // 64k instructions: ~20-40 us per call
+  volatile float sink = 0;
+  sink = sink + fma_chains(kIters) + dot_chains(kIters);  // warm up (clock, 512-bit units)
+  double best_fma = 1e30, best_dot = 1e30;
+  for (int r = 0; r < 7; ++r) {
+    const double t0 = now_seconds();
+    sink = sink + fma_chains(kIters);
+    const double t1 = now_seconds();
+    sink = sink + dot_chains(kIters);
+    const double t2 = now_seconds();
+    if (t1 - t0 < best_fma) best_fma = t1 - t0;
+    if (t2 - t1 < best_dot) best_dot = t2 - t1;
+  }
+  return 2.0 * best_fma / best_dot;
+}
 
 void gemm_avx512bf16(const GemmArgs<bf16>& g, int threads) { avx512bf16::run<avx512bf16::Kernel>(g, threads); }
 

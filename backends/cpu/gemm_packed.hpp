@@ -9,6 +9,13 @@
 
 namespace tg::backend::cpu::packed {
 
+/// What the cache blocking is derived from (Note [GEMM blocking from cache sizes]): the data cache sizes in
+/// bytes, and kc / mc / nc forced by TG_GEMM_BLOCKING (0: derived).
+struct GemmBlocking {
+  std::int64_t l1d = 32 * 1024, l2 = 512 * 1024;
+  std::int64_t kc = 0, mc = 0, nc = 0;
+};
+
 /// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
 template <class T>
 struct GemmArgs {
@@ -23,6 +30,7 @@ struct GemmArgs {
   T* C = nullptr;
   std::int64_t ldc = 0;
   GemmEpilogue ep{};
+  GemmBlocking blocking{};
 };
 
 // Entry points of the ISA translation units (gemm_avx2.cpp, gemm_avx512.cpp, gemm_avx512bf16.cpp).
@@ -33,6 +41,8 @@ void gemm_avx2(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
 template <class T>
 void gemm_avx512(const GemmArgs<T>& g, int threads);  // T = float, bf16, fp16
 void gemm_avx512bf16(const GemmArgs<bf16>& g, int threads);
+/// vdpbf16ps flops per second / zmm fp32 FMA flops per second on the calling thread (gemm_avx512bf16.cpp).
+double measure_bf16_dot_speedup();
 const char* kernel_desc_avx2();        // e.g. "avx2-fma packed 6x16"
 const char* kernel_desc_avx512();
 const char* kernel_desc_avx512bf16();
@@ -283,22 +293,85 @@ inline void transpose8x8(const T* src, i64 lds, float* dst, i64 ldd) {
 }
 #endif
 
+#if defined(__AVX2__)
+/// Panel rows [0, R) of columns kk .. kk+7 of a 32-bit source (row r at src + r * lds) to k-major
+/// dst[kk' * R + r]: 8 x 8 transposes, the last one overlapping the previous ones when R is not a multiple
+/// of 8 (R = 12: rows 0-7, then 4-11; the overlapping rows get the same values twice).
+template <int R, class T>
+inline void transpose_rows8(const T* src, i64 lds, float* dst) {
+  static_assert(R >= 8, "transpose_rows8: a panel has at least 8 rows");
+#pragma GCC unroll 4
+  for (int r = 0; r + 8 <= R; r += 8) transpose8x8(src + r * lds, lds, dst + r, R);
+  if constexpr (R % 8 != 0) transpose8x8(src + (R - 8) * lds, lds, dst + (R - 8), R);
+}
+#endif
+
 template <class E, int R, int KP, class T>
 void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64 kc, E* dst) {
   const i64 kcp = round_up(kc, KP);
   const auto at = [](i64 k, i64 r) { return ((k / KP) * R + r) * KP + k % KP; };
 #if defined(__AVX2__)
-  if constexpr (std::is_same_v<E, float> && KP == 1 && R % 8 == 0) {
+  if constexpr (std::is_same_v<E, float> && KP == 1 && R >= 8) {
     if (k_contiguous && rows == R) {  // full panel, fp32 pack: 8 x 8 transposes, then the k tail
       const i64 k8 = kc / 8 * 8;
       for (i64 k = 0; k < k8; k += 8) {
         if (k % 16 == 0)  // one line per row of the next panel, ahead of its use (no fault past the end)
           for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(src + (R + r) * s_r + k), _MM_HINT_T1);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r += 8) transpose8x8(src + r * s_r + k, s_r, dst + k * R + r, R);
+        transpose_rows8<R>(src + k, s_r, dst + k * R);
       }
       for (i64 r = 0; r < R; ++r)
         for (i64 k = k8; k < kc; ++k) dst[k * R + r] = to_packed<E>(src[r * s_r + k]);
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<E, std::uint16_t> && KP == 2) {
+    // bf16 pairs. A pair (k, k+1) of one row is one 32-bit word of the packed panel: word (k/2) * R + r.
+    std::uint16_t* const d16 = dst;
+    if (k_contiguous && rows == R && R >= 8 && s_r % 2 == 0) {
+      // Contiguous pairs in the source: the word matrix is transposed like an fp32 panel (bits only).
+      const float* sw = reinterpret_cast<const float*>(src);
+      float* dw = reinterpret_cast<float*>(dst);
+      const i64 lds = s_r / 2, pairs = kc / 2, p8 = pairs / 8 * 8;
+      for (i64 kk = 0; kk < p8; kk += 8) {
+        if (kk % 16 == 0)
+          for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(sw + (R + r) * lds + kk), _MM_HINT_T1);
+        transpose_rows8<R>(sw + kk, lds, dw + kk * R);
+      }
+      for (i64 r = 0; r < R; ++r)
+        for (i64 kk = p8; kk < pairs; ++kk) std::memcpy(dw + kk * R + r, sw + r * lds + kk, 4);
+      if (kc % 2 != 0)
+        for (i64 r = 0; r < R; ++r) {
+          d16[((kc / 2) * R + r) * 2] = src[r * s_r + kc - 1].bits;
+          d16[((kc / 2) * R + r) * 2 + 1] = 0;
+        }
+      return;
+    }
+    if (!k_contiguous) {
+      // Rows k and k+1 of the source are interleaved 16 bits at a time, 8 panel rows per step.
+      for (i64 k = 0; k < kcp; k += 2) {
+        const T* s0 = src + k * s_k;
+        const T* s1 = k + 1 < kc ? s0 + s_k : s0;
+        std::uint16_t* d = d16 + (k / 2) * R * 2;
+        i64 r = 0;
+        if (k + 1 < kc) {
+          for (; r + 8 <= rows; r += 8) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1 + r));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * r), _mm_unpacklo_epi16(a, b));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * r + 8), _mm_unpackhi_epi16(a, b));
+          }
+          for (; r < rows; ++r) {
+            d[2 * r] = src[k * s_k + r].bits;
+            d[2 * r + 1] = src[(k + 1) * s_k + r].bits;
+          }
+        } else {  // odd kc: the last k's partner is zero
+          for (; r < rows; ++r) {
+            d[2 * r] = src[k * s_k + r].bits;
+            d[2 * r + 1] = 0;
+          }
+        }
+        for (; r < R; ++r) d[2 * r] = d[2 * r + 1] = 0;
+      }
       return;
     }
   }
@@ -404,7 +477,7 @@ inline Buffer& thread_buffer(int id) {
 //   jc over N by nc  ->  pc over K by kc: pack op(B) block [kc x nc] (shared by all threads, in L3)
 //   ic over this thread's rows by mc: pack op(A) block [mc x kc] (private, in L2)
 //   jr over this thread's B micro-panels (kc x NR, stays in L1)  ->  ir over the A micro-panels  -> kernel
-// kc, mc, nc are the ISA's KC/MC/NC evened out over the dimension (so K = 768 with KC = 256 is 3 x 256,
+// kc, mc, nc (Note [GEMM blocking from cache sizes]) are evened out over the dimension (so K = 768 with KC = 256 is 3 x 256,
 // not 256+256+256+0) and rounded to KP / MR / NR. Threads form a tm x tn grid (tm * tn = threads): thread
 // (r, s) computes rows part r (whole MR panels) x B micro-panels part s of every block, and packs B panels
 // [t * pn / nt, (t+1) * pn / nt) of the shared block. The grid minimising the largest per-thread tile
@@ -424,9 +497,18 @@ void run(const GemmArgs<T>& g, int threads) {
   constexpr bool c_is_f32 = std::is_same_v<T, float>;
   const i64 M = g.M, N = g.N, K = g.K;
 
-  const i64 nkb = ceil_div(K, Kr::KC);
+  // Note [GEMM blocking from cache sizes]
+  // KC: the B micro-panel (KC x NR elements) fills Kr::kL1Eighths / 8 of L1d, leaving the rest for the A
+  // micro-panel and C's lines streaming past it. MC: the packed A block (MC x KC) takes a quarter of L2.
+  // NC: Kr::NC (the shared B block lives in L3). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps
+  // the derived value). All three are then evened out over their dimension.
+  const GemmBlocking& bk = g.blocking;
+  const i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
+                               : imax(16, bk.l1d * Kr::kL1Eighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
+  const i64 nkb = ceil_div(K, kc_cap);
   const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
-  const i64 nnb = ceil_div(N, Kr::NC);
+  const i64 nc_cap = bk.nc > 0 ? round_up(bk.nc, NR) : Kr::NC;
+  const i64 nnb = ceil_div(N, nc_cap);
   const i64 nc_nom = round_up(ceil_div(N, nnb), NR);
   const i64 pn_nom = nc_nom / NR;
 
@@ -451,7 +533,8 @@ void run(const GemmArgs<T>& g, int threads) {
                                    round_up((i64{1} << 20) / nc_nom, MR))
                             : M;
   const i64 kcp_nom = round_up(kc_nom, KP);
-  const i64 mc_max = round_up(Kr::MC, MR);
+  const i64 mc_max = bk.mc > 0 ? round_up(bk.mc, MR)
+                               : imax(MR, bk.l2 / 4 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));

@@ -167,6 +167,35 @@ TEST(CpuFeatures, FlagsAreConsistentAndPrinted) {
               std::string(tg::backend::cpu::cpu_isa_name(tg::backend::cpu::best_cpu_isa())).c_str());
 }
 
+/// Sets TG_GEMM_BLOCKING for the lifetime of the guard.
+class ForceBlocking {
+ public:
+  explicit ForceBlocking(const char* spec) { setenv("TG_GEMM_BLOCKING", spec, 1); }
+  ~ForceBlocking() { unsetenv("TG_GEMM_BLOCKING"); }
+  ForceBlocking(const ForceBlocking&) = delete;
+  ForceBlocking& operator=(const ForceBlocking&) = delete;
+};
+
+TEST(CpuFeatures, CacheSizesArePlausibleAndPrinted) {
+  const auto& c = tg::backend::cpu::cpu_cache_sizes();
+  EXPECT_GE(c.l1d, 4 * 1024);
+  EXPECT_GT(c.l2, c.l1d);
+  EXPECT_GT(c.l3, 0);
+  const std::string s = tg::backend::cpu::cpu_features_string();
+  EXPECT_NE(s.find("; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB"),
+            std::string::npos)
+      << s;
+}
+
+TEST(GemmKernel, MalformedBlockingOverrideThrows) {
+  float a = 1.f, b = 1.f, c = 0.f;
+  for (const char* spec : {"64", "64,x,0", "-1,0,0", "64,0,0,0", "64,0,"}) {
+    ForceBlocking blocking(spec);
+    EXPECT_THROW(tg::backend::cpu::gemm<float>(Trans::N, Trans::N, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1), tg::Error)
+        << spec;
+  }
+}
+
 TEST(GemmKernel, IsaNamesRoundTripAndUnknownNameThrows) {
   for (CpuIsa isa : kAllIsas) EXPECT_EQ(tg::backend::cpu::parse_cpu_isa(tg::backend::cpu::cpu_isa_name(isa)), isa);
   EXPECT_THROW(tg::backend::cpu::parse_cpu_isa("sse9"), tg::Error);
@@ -206,14 +235,37 @@ TEST(GemmKernel, DefaultIsTheBestLevelAndNamesTheConversion) {
     case CpuIsa::avx512:
       EXPECT_NE(f32.find("avx512 packed"), std::string::npos) << f32;
       break;
-    case CpuIsa::avx512bf16:
-      EXPECT_NE(b16.find("vdpbf16ps"), std::string::npos) << b16;
+    case CpuIsa::avx512bf16: {  // Note [bf16 kernel choice]: the measured rate decides
+      const double speedup = tg::backend::cpu::gemm_bf16_dot_speedup();
+      EXPECT_GT(speedup, 0.2) << b16;
+      EXPECT_LT(speedup, 8.0) << b16;
+      EXPECT_NE(b16.find("vdpbf16ps measured at"), std::string::npos) << b16;
+      if (speedup >= tg::backend::cpu::kBf16DotMinSpeedup)
+        EXPECT_NE(b16.find("vdpbf16ps packed"), std::string::npos) << b16;
+      else
+        EXPECT_NE(b16.find("bf16 converted to fp32 in packing"), std::string::npos) << b16;
       break;
+    }
     case CpuIsa::reference:
       EXPECT_NE(f32.find("eigen"), std::string::npos) << f32;
       break;
   }
   EXPECT_NE(tg::backend::cpu::gemm_kernel_name(tg::DType::f64).find("eigen"), std::string::npos);
+  if (!tg::backend::cpu::cpu_supports(CpuIsa::avx512bf16)) EXPECT_EQ(tg::backend::cpu::gemm_bf16_dot_speedup(), 0.0);
+}
+
+TEST(GemmKernel, ForcingTheBf16DotLevelOverridesTheMeasuredChoice) {
+  if (!tg::backend::cpu::cpu_supports(CpuIsa::avx512bf16))
+    GTEST_SKIP() << "no avx512_bf16 (" << tg::backend::cpu::cpu_features_string() << ")";
+  {
+    ForceKernel force(CpuIsa::avx512bf16);
+    const std::string b16 = tg::backend::cpu::gemm_kernel_name(tg::DType::bf16);
+    EXPECT_NE(b16.find("vdpbf16ps packed"), std::string::npos) << b16;
+    EXPECT_NE(b16.find("forced by TG_GEMM_KERNEL"), std::string::npos) << b16;
+  }
+  ForceKernel force(CpuIsa::avx512);
+  const std::string b16 = tg::backend::cpu::gemm_kernel_name(tg::DType::bf16);
+  EXPECT_NE(b16.find("bf16 converted to fp32 in packing"), std::string::npos) << b16;
 }
 
 // ---- every kernel level the CPU supports, forced through TG_GEMM_KERNEL -----------------------------------
@@ -268,6 +320,18 @@ void sweep_large(std::uint32_t seed) {
 TEST_P(GemmByKernel, Fp32LargerThanTheCacheBlocks) { sweep_large<float>(400); }
 TEST_P(GemmByKernel, Bf16LargerThanTheCacheBlocks) { sweep_large<bf16>(500); }
 TEST_P(GemmByKernel, Fp16LargerThanTheCacheBlocks) { sweep_large<fp16>(600); }
+
+// Small forced blocks make every loop of the nest run several times, with partial blocks in each dimension.
+TEST_P(GemmByKernel, ForcedSmallBlockingMatchesTheReference) {
+  ForceBlocking blocking("20,12,64");
+  std::uint32_t seed = 800;
+  for (Trans ta : kTr)
+    for (Trans tb : kTr) {
+      check_gemm<float>({ta, tb, 50, 130, 75, 1.f, 0.5f}, seed++);
+      check_gemm<bf16>({ta, tb, 50, 130, 75, 1.f, 0.f}, seed++);
+      check_gemm<bf16>({ta, tb, 37, 97, 76, 0.5f, 1.f}, seed++, true);
+    }
+}
 
 TEST_P(GemmByKernel, AlphaBetaAndBetaZeroIgnoresNanInC) {
   std::uint32_t seed = 700;
@@ -369,6 +433,18 @@ TEST_P(GemmByKernel, SixteenBitOutputWorkspaceIsPrivateToEachThread) {
   for (int r = 0; r < 2; ++r) {
     check_gemm<bf16>({Trans::N, Trans::N, 520, 4100, 200, 1.f, 0.f}, 1600 + r);
     check_gemm<fp16>({Trans::N, Trans::T, 520, 4100, 200, 1.f, 0.5f}, 1700 + r);
+  }
+}
+
+// Two threads on a 1 x 2 grid with one A block each (M = 100 or 37): several K blocks (800 > KC), two jc
+// blocks (4130 > NC) of different widths, 16-bit outputs through the fp32 workspace, beta and the epilogue.
+TEST_P(GemmByKernel, TwoThreadsAcrossKBlocksJcBlocksAndWorkspace) {
+  const ThreadCount two(2);
+  for (int r = 0; r < 2; ++r) {
+    check_gemm<float>({Trans::N, Trans::T, 100, 4130, 800, 1.f, 0.5f}, 1800 + r, true);
+    check_gemm<bf16>({Trans::N, Trans::N, 100, 4130, 800, 1.f, 0.f}, 1810 + r, true);
+    check_gemm<bf16>({Trans::T, Trans::T, 37, 1000, 900, 0.5f, 1.f}, 1820 + r);
+    check_gemm<fp16>({Trans::T, Trans::N, 100, 4130, 500, 1.f, 0.5f}, 1830 + r);
   }
 }
 

@@ -29,6 +29,17 @@ struct CpuFeatures {
   int model = 0;       // display model (base + extended << 4)
 };
 
+/// Data cache sizes in bytes: L1d and L2 per core, L3 per cache instance. Read from Linux's
+/// /sys/devices/system/cpu/cpu0/cache; a level that cannot be read gets a conservative default
+/// (32 KiB, 512 KiB, 8 MiB) and `from_system` is false.
+struct CpuCacheSizes {
+  long l1d = 32 * 1024;
+  long l2 = 512 * 1024;
+  long l3 = 8 * 1024 * 1024;
+  bool from_system = false;
+};
+const CpuCacheSizes& cpu_cache_sizes();
+
 /// Detected once (thread-safe static), then cached.
 const CpuFeatures& cpu_features();
 

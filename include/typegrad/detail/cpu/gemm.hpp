@@ -45,4 +45,10 @@ void gemm_reference(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int
 /// Name of the kernel gemm<T> dispatches to on this CPU.
 std::string gemm_kernel_name(DType t);
 
+/// vdpbf16ps flop rate / fp32 FMA flop rate on this core (zmm, independent chains), measured once per process
+/// (about a millisecond); 0 without avx512_bf16. bf16 GEMMs use the vdpbf16ps kernel only when it is at
+/// least kBf16DotMinSpeedup (Note [bf16 kernel choice]).
+double gemm_bf16_dot_speedup();
+inline constexpr double kBf16DotMinSpeedup = 1.25;
+
 }  // namespace tg::backend::cpu
