@@ -49,6 +49,9 @@ std::string gemm_kernel_name(DType t);
 /// (about a millisecond); 0 without avx512_bf16. bf16 GEMMs use the vdpbf16ps kernel only when it is at
 /// least kBf16DotMinSpeedup (Note [bf16 kernel choice]).
 double gemm_bf16_dot_speedup();
-inline constexpr double kBf16DotMinSpeedup = 1.25;
+/// 1.0: the known cores sit a factor of 2 either side (Zen 4: 2.0x, the Xeon of docs/performance.md: 0.5x), so
+/// a noisy measurement (a loaded machine) still picks the same kernel in every process, which keeps bf16
+/// results, and so exact resume across processes, reproducible. TG_GEMM_KERNEL pins the choice outright.
+inline constexpr double kBf16DotMinSpeedup = 1.0;
 
 }  // namespace tg::backend::cpu
