@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
   app.add_option("--min-lr", o.min_lr, "final learning rate of the decay (default lr/10)")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber);
+  CLI::Option* warmup_flag = app.add_option("--warmup", o.warmup, "linear warmup steps (default: 50, at most a tenth of --steps)")
+                                ->check(CLI::NonNegativeNumber);
   app.add_option("--schedule", o.schedule, "learning-rate decay")->check(CLI::IsMember({"cosine", "linear", "constant", "invsqrt"}));
   app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"adamw", "adam", "sgd", "lamb", "adafactor"}));
   app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (matrices only)")->check(CLI::NonNegativeNumber);
@@ -95,6 +96,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "where to train: cpu, or cuda (the first GPU; optimizer adamw or adam)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
+  // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
+  if (warmup_flag->count() == 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
   try {
     if (o.device == "cuda") {  // before any work (Note [training on a GPU])
       TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",
