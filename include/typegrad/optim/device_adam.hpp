@@ -127,38 +127,22 @@ class DeviceAdam {
   /// Restores state from state_tensors() of this class or of optim::Adam / optim::AdamW over the same
   /// parameters (a missing "<param>.step" resets that parameter's state, as Optimizer::load_state does).
   void load_state(const std::vector<NamedTensor>& state) {
-    std::map<std::string, const Tensor<fp32>*> by_name;
-    for (auto& e : state)
-      TG_CHECK(by_name.emplace(e.name, &e.tensor).second, name(), ".load_state: duplicate entry '", e.name, "'");
-    std::set<std::string> used;
-    auto take = [&](const std::string& key) -> const Tensor<fp32>* {
-      auto it = by_name.find(key);
-      if (it == by_name.end()) return nullptr;
-      used.insert(key);
-      return it->second;
-    };
-    auto whole = [&](const Tensor<fp32>& t, const std::string& key) {
-      TG_CHECK(t.numel() == 1, name(), ".load_state: '", key, "' must hold one element, it has shape ", t.shape());
-      const float v = t.contiguous().data()[0];
-      TG_CHECK(v >= 0 && v == static_cast<float>(static_cast<std::int64_t>(v)), name(), ".load_state: '", key,
-               "' must be a non-negative whole number, it is ", v);
-      return static_cast<std::int64_t>(v);
-    };
+    StateEntries entries(state, name());
     for (auto& e : entries_) {
       const std::string& pn = e.param.name;
-      const Tensor<fp32>* t = take(pn + ".step");
+      const Tensor<fp32>* t = entries.take(pn + ".step");
       if (!t) {
         for (const char* s : {".exp_avg", ".exp_avg_sq"})
-          TG_CHECK(!by_name.count(pn + s), name(), ".load_state: '", pn, s, "' is given without '", pn, ".step'");
+          TG_CHECK(!entries.has(pn + s), name(), ".load_state: '", pn, s, "' is given without '", pn, ".step'");
         e.step = 0;
         e.m = e.v = Tensor<fp32, D>();
         continue;
       }
-      e.step = whole(*t, pn + ".step");
+      e.step = entries.whole(*t, pn + ".step");
       Tensor<fp32, D>* slot[2] = {&e.m, &e.v};
       const char* suffix[2] = {".exp_avg", ".exp_avg_sq"};
       for (int k = 0; k < 2; ++k) {
-        const Tensor<fp32>* s = take(pn + suffix[k]);
+        const Tensor<fp32>* s = entries.take(pn + suffix[k]);
         TG_CHECK(s != nullptr, name(), ".load_state: missing entry '", pn, suffix[k], "'");
         TG_CHECK(s->shape() == e.param.tensor.shape(), name(), ".load_state: '", pn, suffix[k], "' has shape ",
                  s->shape(), ", expected ", e.param.tensor.shape());
@@ -166,10 +150,8 @@ class DeviceAdam {
         else *slot[k] = s->detach().contiguous().template to<D>().detach();
       }
     }
-    if (const Tensor<fp32>* t = take("optimizer.step")) step_ = whole(*t, "optimizer.step");
-    for (auto& e : state)
-      TG_CHECK(used.count(e.name), name(), ".load_state: unknown entry '", e.name,
-               "' (no parameter of this optimizer has that state)");
+    if (const Tensor<fp32>* t = entries.take("optimizer.step")) step_ = entries.whole(*t, "optimizer.step");
+    entries.finish();
   }
 
  private:

@@ -21,6 +21,45 @@ struct NamedTensor {
   Tensor<fp32> tensor;
 };
 
+/// A load_state() argument indexed by entry name, shared by the optimizers' loaders: take() hands out an
+/// entry and marks it used, whole() reads a step count, finish() rejects entries no parameter took. Errors
+/// name the optimizer (`who`) and the entry.
+class StateEntries {
+ public:
+  StateEntries(const std::vector<NamedTensor>& state, const char* who) : state_(state), who_(who) {
+    for (auto& e : state)
+      TG_CHECK(by_name_.emplace(e.name, &e.tensor).second, who_, ".load_state: duplicate entry '", e.name, "'");
+  }
+  /// The entry `key`, or nullptr when the state has none.
+  const Tensor<fp32>* take(const std::string& key) {
+    auto it = by_name_.find(key);
+    if (it == by_name_.end()) return nullptr;
+    used_.insert(key);
+    return it->second;
+  }
+  bool has(const std::string& key) const { return by_name_.count(key) != 0; }
+  /// A one-element entry holding a non-negative whole number (a step count).
+  std::int64_t whole(const Tensor<fp32>& t, const std::string& key) const {
+    TG_CHECK(t.numel() == 1, who_, ".load_state: '", key, "' must hold one element, it has shape ", t.shape());
+    const float v = t.contiguous_raw().data()[0];
+    TG_CHECK(v >= 0 && v == static_cast<float>(static_cast<std::int64_t>(v)), who_, ".load_state: '", key,
+             "' must be a non-negative whole number, it is ", v);
+    return static_cast<std::int64_t>(v);
+  }
+  /// Every entry must have been taken.
+  void finish() const {
+    for (auto& e : state_)
+      TG_CHECK(used_.count(e.name), who_, ".load_state: unknown entry '", e.name,
+               "' (no parameter of this optimizer has that state)");
+  }
+
+ private:
+  const std::vector<NamedTensor>& state_;
+  const char* who_;
+  std::map<std::string, const Tensor<fp32>*> by_name_;
+  std::set<std::string> used_;
+};
+
 /// One state buffer an optimizer keeps for a parameter: its suffix and shape (zero-initialised).
 struct SlotSpec {
   std::string suffix;
@@ -125,52 +164,33 @@ class Optimizer {
 
   /// Restores state saved by state_tensors() (of an optimizer of the same kind over the same parameters).
   void load_state(const std::vector<NamedTensor>& state) {
-    std::map<std::string, const Tensor<fp32>*> by_name;
-    for (auto& e : state) {
-      TG_CHECK(by_name.emplace(e.name, &e.tensor).second, name(), ".load_state: duplicate entry '", e.name, "'");
-    }
-    std::set<std::string> used;
-    auto take = [&](const std::string& key) -> const Tensor<fp32>* {
-      auto it = by_name.find(key);
-      if (it == by_name.end()) return nullptr;
-      used.insert(key);
-      return it->second;
-    };
-    auto scalar = [&](const Tensor<fp32>& t, const std::string& key) {
-      TG_CHECK(t.numel() == 1, name(), ".load_state: '", key, "' must hold one element, it has shape ", t.shape());
-      const float v = t.contiguous_raw().data()[0];
-      TG_CHECK(v >= 0 && v == static_cast<float>(static_cast<std::int64_t>(v)), name(), ".load_state: '", key,
-               "' must be a non-negative whole number, it is ", v);
-      return static_cast<std::int64_t>(v);
-    };
+    StateEntries entries(state, name());
     for (auto& g : groups_)
       for (std::size_t i = 0; i < g.params.size(); ++i) {
         const Param& p = g.params[i];
         State& st = g.state[i];
         const auto specs = slots(p);
-        const Tensor<fp32>* step_t = take(p.name + ".step");
+        const Tensor<fp32>* step_t = entries.take(p.name + ".step");
         if (!step_t) {
           for (auto& s : specs)
-            TG_CHECK(!by_name.count(p.name + "." + s.suffix), name(), ".load_state: '", p.name, ".", s.suffix,
+            TG_CHECK(!entries.has(p.name + "." + s.suffix), name(), ".load_state: '", p.name, ".", s.suffix,
                      "' is given without '", p.name, ".step'");
           st = State{};
           continue;
         }
-        st.step = scalar(*step_t, p.name + ".step");
+        st.step = entries.whole(*step_t, p.name + ".step");
         if (st.slots.empty()) init_state(p, st);
         for (std::size_t k = 0; k < specs.size(); ++k) {
           const std::string key = p.name + "." + specs[k].suffix;
-          const Tensor<fp32>* t = take(key);
+          const Tensor<fp32>* t = entries.take(key);
           TG_CHECK(t != nullptr, name(), ".load_state: missing entry '", key, "'");
           TG_CHECK(t->shape() == specs[k].shape, name(), ".load_state: '", key, "' has shape ", t->shape(),
                    ", expected ", specs[k].shape);
           tg::detail::copy_tensor(*t, st.slots[k]);
         }
       }
-    if (const Tensor<fp32>* t = take("optimizer.step")) step_ = scalar(*t, "optimizer.step");
-    for (auto& e : state)
-      TG_CHECK(used.count(e.name), name(), ".load_state: unknown entry '", e.name,
-               "' (no parameter of this optimizer has that state)");
+    if (const Tensor<fp32>* t = entries.take("optimizer.step")) step_ = entries.whole(*t, "optimizer.step");
+    entries.finish();
   }
 
   virtual const char* name() const = 0;
