@@ -34,6 +34,7 @@ struct Kernel {
   using elem = float;
   static constexpr int MR = 6, NR = 16, KP = 1;
   static constexpr std::int64_t kL1Eighths = 4, NC = 4096;
+  static constexpr bool kDirectBf16 = false;  // 16-bit C goes through write_tile
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
                                               std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecF32x8, MR, NR / VecF32x8::lanes>(kg, a, b, c, ldc, alpha, beta, direct);

@@ -34,6 +34,12 @@ struct Kernel {
   using elem = float;
   static constexpr int MR = 12, NR = 32, KP = 1;
   static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
+  static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
+  static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const float* a, const float* b, std::uint16_t* c,
+                                                   std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
+                                                   const float* bias) {
+    micro_kernel_bf16_out<VecF32x16, MR, NR / VecF32x16::lanes>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
+  }
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
                                               std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecF32x16, MR, NR / VecF32x16::lanes>(kg, a, b, c, ldc, alpha, beta, direct);

@@ -44,6 +44,12 @@ struct Kernel {
   using elem = std::uint16_t;
   static constexpr int MR = 12, NR = 32, KP = 2;
   static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
+  static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
+  static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
+                                                   std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
+                                                   const float* bias) {
+    micro_kernel_bf16_out<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
+  }
   static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
                                               float* c, std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, beta, direct);

@@ -149,24 +149,16 @@ inline E to_packed(const T& x) {
 // The accumulators are independent chains, so MR * NV >= (FMA latency) x (FMA ports) keeps the pipes full
 // (Zen 3: 4 cycles x 2 ports = 8 <= 12 for 6x16). Finishing: `direct` tiles (full MR x NR, fp32 destination,
 // no epilogue) are written straight from registers, C = alpha * acc + beta * C (beta == 0: C is not read);
-// every other tile is stored raw to `c` (leading dimension NR) for write_tile.
+// full tiles of a bf16 C likewise (micro_kernel_bf16_out, Note [direct bf16 write-back]); every other tile
+// is stored raw to `c` (leading dimension NR) for write_tile.
 template <class V, int MR, int NV>
-inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typename V::elem* a,
-                                                         const typename V::elem* b, float* c, i64 ldc,
-                                                         float alpha, float beta, bool direct) {
+inline __attribute__((always_inline)) void accumulate(i64 kgroups, const typename V::elem* a, const typename V::elem* b,
+                                                       typename V::acc (&acc)[MR][NV]) {
   constexpr int L = V::lanes, NR = NV * L, KP = V::kp;
-  typename V::acc acc[MR][NV];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
-  if (direct) {
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
-    }
-  }
 #pragma GCC unroll 2
   for (i64 k = 0; k < kgroups; ++k) {
     typename V::breg bv[NV];
@@ -181,6 +173,22 @@ inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typen
     a += MR * KP;
     b += NR * KP;
   }
+}
+
+template <class V, int MR, int NV>
+inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typename V::elem* a,
+                                                         const typename V::elem* b, float* c, i64 ldc,
+                                                         float alpha, float beta, bool direct) {
+  constexpr int L = V::lanes, NR = NV * L;
+  if (direct) {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
+    }
+  }
+  typename V::acc acc[MR][NV];
+  accumulate<V, MR, NV>(kgroups, a, b, acc);
   if (direct) {
     const typename V::acc va = V::set1(alpha), vb = V::set1(beta);
 #pragma GCC unroll 32
@@ -199,6 +207,59 @@ inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typen
       for (int v = 0; v < NV; ++v) V::storec(c + i * NR + v * L, acc[i][v]);
   }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/// 16 fp32 -> 16 bf16 bits at p, round to nearest even with f32_to_bf16_rne's NaN rule (bit-identical to it:
+/// no denormal flushing, unlike vcvtneps2bf16).
+inline void store_bf16x16(std::uint16_t* p, __m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i upper = _mm512_srli_epi32(x, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(upper, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(x, bias), 16);
+  const __mmask16 quiet_bit_needed = _mm512_testn_epi32_mask(upper, _mm512_set1_epi32(0x7f));
+  const __m512i nan = _mm512_mask_or_epi32(upper, quiet_bit_needed, upper, _mm512_set1_epi32(0x40));
+  const __mmask16 is_nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan)));
+}
+
+// Note [direct bf16 write-back]
+// A full tile of a bf16 C is finished from the registers: c = bf16(alpha * acc (+ prev) (+ bias[j])), with
+// prev an fp32 partial-sum tile (the workspace W of the earlier K blocks) or nullptr, rounded as write_tile
+// rounds. Without it every bf16 tile went through the `tile` scratch and write_tile, a second pass that cost
+// about 14% of a bf16 GEMM (perf, qkv/fc on Zen 4). 16-lane (zmm) kernels only.
+template <class V, int MR, int NV>
+inline __attribute__((always_inline)) void micro_kernel_bf16_out(i64 kgroups, const typename V::elem* a,
+                                                                  const typename V::elem* b, std::uint16_t* c,
+                                                                  i64 ldc, float alpha, const float* prev, i64 ldp,
+                                                                  const float* bias) {
+  static_assert(V::lanes == 16, "micro_kernel_bf16_out: zmm kernels only");
+  constexpr int L = V::lanes;
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    if (prev) {
+      _mm_prefetch(reinterpret_cast<const char*>(prev + i * ldp), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(prev + i * ldp + NV * L - 1), _MM_HINT_T0);
+    }
+  }
+  typename V::acc acc[MR][NV];
+  accumulate<V, MR, NV>(kgroups, a, b, acc);
+  const __m512 va = _mm512_set1_ps(alpha);
+  __m512 vbias[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) vbias[v] = bias ? _mm512_loadu_ps(bias + v * L) : _mm512_setzero_ps();
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      __m512 r = _mm512_mul_ps(acc[i][v], va);
+      if (prev) r = _mm512_add_ps(r, _mm512_loadu_ps(prev + i * ldp + v * L));
+      if (bias) r = _mm512_add_ps(r, vbias[v]);
+      store_bf16x16(c + i * ldc + v * L, r);
+    }
+}
+#endif
 
 // ---- write-back of edge tiles and epilogues ------------------------------------------------------------
 /// dst = alpha * tile + beta * prev (+ bias[j]); prev == nullptr reads nothing (beta == 0 or a fresh
@@ -495,6 +556,7 @@ void run(const GemmArgs<T>& g, int threads) {
   using E = typename Kr::elem;
   constexpr int MR = Kr::MR, NR = Kr::NR, KP = Kr::KP;
   constexpr bool c_is_f32 = std::is_same_v<T, float>;
+  constexpr bool kDirectBf16 = std::is_same_v<T, bf16> && Kr::kDirectBf16;
   const i64 M = g.M, N = g.N, K = g.K;
 
   // Note [GEMM blocking from cache sizes]
@@ -607,14 +669,28 @@ void run(const GemmArgs<T>& g, int threads) {
                     write_tile(tile, NR, mr, nr, g.alpha, beta_k, prev, g.ldc, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
                   }
                 } else if (!use_w) {  // one K block: C (16-bit) read with beta, rounded once
+                  if constexpr (kDirectBf16) {
+                    if (full && g.beta == 0.f && !o16_ij) {
+                      Kr::micro_bf16(kcp / KP, ap, bp, reinterpret_cast<std::uint16_t*>(cij), g.ldc, g.alpha, nullptr,
+                                     0, bias_j);
+                      continue;
+                    }
+                  }
                   Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
                   const T* prev = g.beta == 0.f ? nullptr : cij;
                   write_tile(tile, NR, mr, nr, g.alpha, g.beta, prev, g.ldc, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
                 } else {  // fp32 partial sums in W; C rounded once, in the last K block
                   float* wij = wbuf + (i - m_lo) * nc_nom + (j - jc);
-                  if (!first && !last && full) {
-                    Kr::micro(kcp / KP, ap, bp, wij, nc_nom, g.alpha, 1.f, true);
+                  if (full && !last && (!first || g.beta == 0.f)) {  // W = alpha * acc (+ W)
+                    Kr::micro(kcp / KP, ap, bp, wij, nc_nom, g.alpha, first ? 0.f : 1.f, true);
                     continue;
+                  }
+                  if constexpr (kDirectBf16) {
+                    if (full && last && !o16_ij) {  // C = bf16(alpha * acc + W (+ bias))
+                      Kr::micro_bf16(kcp / KP, ap, bp, reinterpret_cast<std::uint16_t*>(cij), g.ldc, g.alpha, wij,
+                                     nc_nom, bias_j);
+                      continue;
+                    }
                   }
                   Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
                   if (first) {

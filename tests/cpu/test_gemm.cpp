@@ -77,9 +77,9 @@ std::string describe(const Case& c) {
 /// Runs gemm<T> on random operands and checks every output against the fp64 triple loop within
 ///   |C - ref| <= out_roundoff * |ref| + 3 (K + 2) 2^-24 (|alpha| sum_k |a||b| + |beta c0|),
 /// the fp32-accumulation bound (inputs exact in T, so only the K-term sum and the final rounding err).
-/// Also checks that C's padding is untouched and, with an epilogue, the bias and the bf16 copy.
+/// Also checks that C's padding is untouched and, with an epilogue, the bias and (with_copy) the bf16 copy.
 template <class T>
-void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false) {
+void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false, bool with_copy = true) {
   std::mt19937 rng(seed);
   const bool exact16 = !std::is_same_v<T, float>;
   Mat<T> A(c.ta == Trans::N ? c.M : c.K, c.ta == Trans::N ? c.K : c.M, c.pad, rng, exact16);
@@ -94,7 +94,7 @@ void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false) {
   const i64 ldo = c.N + 5;
   std::vector<bf16> out16(static_cast<std::size_t>(std::max<i64>(c.M * ldo, 1)), bf16(-7.f));
   tg::backend::cpu::GemmEpilogue ep;
-  if (with_epilogue) ep = {bias.data(), out16.data(), ldo};
+  if (with_epilogue) ep = {bias.data(), with_copy ? out16.data() : nullptr, ldo};
 
   tg::backend::cpu::gemm<T>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.v.data(), A.ld, B.v.data(), B.ld, c.beta,
                             C.v.data(), C.ld, ep);
@@ -119,7 +119,7 @@ void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false) {
                       << " (tol " << tol << ")";
         ++bad;
       }
-      if (with_epilogue) {
+      if (with_epilogue && with_copy) {
         const float want16 = static_cast<float>(bf16(to_f(C.at(i, j))));
         const float got16 = static_cast<float>(out16[static_cast<std::size_t>(i * ldo + j)]);
         // The copy is the bf16 rounding of the fp32 result; for fp16 C that may differ from bf16(C) by
@@ -351,6 +351,54 @@ TEST_P(GemmByKernel, EpilogueBiasAndBf16Copy) {
       check_gemm<float>({Trans::N, Trans::T, 45, 70, K, 1.f, beta}, seed++, true);
       check_gemm<bf16>({Trans::N, Trans::T, 45, 70, K, 1.f, beta}, seed++, true);
       check_gemm<fp16>({Trans::T, Trans::N, 45, 70, K, 0.5f, beta}, seed++, true);
+    }
+}
+
+// A bias without the bf16 copy lets full tiles of a bf16 C be finished from the registers (Note [direct bf16
+// write-back]), in one K block and in the last of several (K = 1100 > every KC: through the fp32 workspace).
+TEST_P(GemmByKernel, EpilogueBiasOnlyWithBf16Output) {
+  std::uint32_t seed = 850;
+  for (i64 K : {7, 300, 1100})
+    for (float alpha : {1.f, -0.75f}) {
+      check_gemm<bf16>({Trans::N, Trans::T, 45, 70, K, alpha, 0.f}, seed++, true, false);
+      check_gemm<bf16>({Trans::T, Trans::N, 45, 70, K, alpha, 1.f}, seed++, true, false);
+      check_gemm<float>({Trans::N, Trans::T, 45, 70, K, alpha, 0.f}, seed++, true, false);
+    }
+}
+
+// Every kernel rounds a bf16 C the same way (round to nearest even, ties included, NaN stays NaN, overflow
+// to inf): one full 12 x 32 tile whose fp32 results are x + y for x in {1, 0, 0x1.fep127} and y in a list of edge
+// cases. (No denormals: vdpbf16ps flushes them, Note [bf16 dot-product kernel].)
+TEST_P(GemmByKernel, Bf16OutputRoundsLikeTheScalarConversion) {
+  const i64 M = 12, N = 32, K = 2;
+  const float ys[] = {0.f, 0x1p-8f, 0x1p-8f + 0x1p-7f, -0x1p-8f, 0x1p-9f, 0x1.8p-8f, 0x1p-7f,
+                      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN(), 0x1p-120f, -0x1.fep-100f, 3.f, 0x1.fep+127f, 0x1p120f};
+  // C(i, j) = A(i, 0) * B(0, j) + A(i, 1) * B(1, j) with A(i, 0) = x_i, A(i, 1) = 1, B(0, j) = 1 and
+  // B(1, j) = y_j: every product is exact and the one fp32 addition rounds alike in every kernel, so only the
+  // final rounding to bf16 could differ between paths (0x1.fep127 + 0x1p120 ties to even: inf).
+  std::vector<bf16> A(M * K), B(K * N), C(M * N, bf16(-1.f));
+  std::vector<float> exact(M * N);
+  for (i64 i = 0; i < M; ++i) {
+    A[i * K] = bf16(i % 3 == 0 ? 1.f : i % 3 == 1 ? 0.f : 0x1.fep127f);
+    A[i * K + 1] = bf16(1.f);
+  }
+  for (i64 j = 0; j < N; ++j) {
+    B[j] = bf16(1.f);
+    B[N + j] = bf16(ys[j % std::size(ys)]);  // bf16-exact: every y above has at most 8 significant bits
+  }
+  for (i64 i = 0; i < M; ++i)
+    for (i64 j = 0; j < N; ++j) exact[i * N + j] = static_cast<float>(A[i * K]) + static_cast<float>(B[N + j]);
+  tg::backend::cpu::gemm<bf16>(Trans::N, Trans::N, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, C.data(), N, {});
+  for (i64 i = 0; i < M; ++i)
+    for (i64 j = 0; j < N; ++j) {
+      const float want = static_cast<float>(bf16(exact[i * N + j])), got = static_cast<float>(C[i * N + j]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << i << "," << j;
+      } else {
+        EXPECT_EQ(got, want) << "C(" << i << "," << j << ") for 1 + " << ys[j % std::size(ys)];
+        EXPECT_EQ(std::signbit(got), std::signbit(want)) << i << "," << j;
+      }
     }
 }
 
