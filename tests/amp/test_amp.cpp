@@ -2,6 +2,7 @@
 // weights and optimizer state unchanged, backoff, growth, unscale before clipping, state round trip),
 // per-step weight copies (refreshed once per optimizer step, gradients reaching the fp32 masters), the
 // activation memory of bf16 vs fp32, and bf16 / fp16 training of the tiny GPT tracking fp32.
+#include <typegrad/config.hpp>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,13 +56,52 @@ TEST(AmpPolicy, RunTimeNamesBecomeTypes) {
   EXPECT_EQ(amp::with_precision("bf16", []<class P>() { return std::string(amp::policy_name<P>()); }), "bf16");
   EXPECT_EQ(amp::with_precision("fp16", []<class P>() { return sizeof(typename P::compute_type); }), 2u);
   EXPECT_EQ(amp::with_precision("fp32", []<class P>() { return sizeof(typename P::compute_type); }), 4u);
+  EXPECT_TRUE(amp::with_precision("tf32", []<class P>() { return std::is_same_v<P, amp::tf32_policy>; }));
+  for (const char* name : {"fp32", "tf32", "bf16", "fp16"})
+    EXPECT_EQ(amp::with_precision(name, []<class P>() { return std::string(amp::policy_name<P>()); }), name);
   try {
     amp::with_precision("int8", []<class P>() { return 0; });
     FAIL() << "expected tg::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown precision 'int8' (expected fp32, bf16 or fp16)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("unknown precision 'int8' (expected fp32, tf32, bf16 or fp16)"), std::string::npos)
         << e.what();
   }
+}
+
+// Note [TF32 by policy]: only tf32_policy asks for TF32; it is fp32 in every type.
+static_assert(amp::tf32_policy::fp32_matmul == amp::Fp32Matmul::tf32);
+static_assert(amp::fp32_policy::fp32_matmul == amp::Fp32Matmul::ieee && amp::bf16_mixed::fp32_matmul == amp::Fp32Matmul::ieee);
+static_assert(std::is_same_v<amp::tf32_policy::compute_type, fp32> && !amp::tf32_policy::uses_weight_copies &&
+              !amp::tf32_policy::requires_loss_scaling);
+
+TEST(AmpPolicy, Fp32MatmulScopeSetsThePolicysChoiceAndRestoresThePrevious) {
+  const bool before = backend::cuda::allow_tf32();
+  {
+    amp::Fp32MatmulScope<amp::fp32_policy> ieee;  // IEEE works with or without the CUDA backend
+    EXPECT_FALSE(backend::cuda::allow_tf32());
+  }
+  EXPECT_EQ(backend::cuda::allow_tf32(), before);
+#if !TG_HAVE_CUDA
+  // Without the CUDA backend there is no TF32 to switch on: a clear error, not a silent fp32 run.
+  try {
+    amp::Fp32MatmulScope<amp::tf32_policy> tf32;
+    FAIL() << "expected tg::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(backend::cuda::allow_tf32(), before);
+  return;
+#endif
+  {
+    amp::Fp32MatmulScope<amp::tf32_policy> tf32;
+    EXPECT_TRUE(backend::cuda::allow_tf32());
+    {
+      amp::Fp32MatmulScope<amp::bf16_mixed> nested;
+      EXPECT_FALSE(backend::cuda::allow_tf32());
+    }
+    EXPECT_TRUE(backend::cuda::allow_tf32());
+  }
+  EXPECT_EQ(backend::cuda::allow_tf32(), before);
 }
 
 TEST(AmpAutocast, CastForConvertsToTheOpsInputType) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "typegrad/amp/precision.hpp"
+#include "typegrad/amp/fp32_matmul.hpp"
 #include "typegrad/amp/autocast.hpp"
 #include "typegrad/amp/scaler.hpp"
 #include "typegrad/amp/weights.hpp"
