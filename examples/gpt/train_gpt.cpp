@@ -10,8 +10,8 @@
 namespace train_gpt {
 namespace {
 
-template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed (--precision)
-int run(const Options& o) {
+template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed
+int run_policy(const Options& o) {
   if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
   TG_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.grad_accum > 0, "--batch, --seq, --steps and --grad-accum must be positive");
   TG_CHECK(o.warmup >= 0 && o.warmup < o.steps, "--warmup must be in [0, --steps), got ", o.warmup);
@@ -50,6 +50,21 @@ int run(const Options& o) {
   tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies (of the loaded masters)
   restore_scaler_or_warn(amp.scaler, saved_scaler);
   return train<tg::cpu>(r, model, *opt, amp, [] {});
+}
+
+template <class Policy>  // --precision: tg::amp::fp32_policy, tf32_policy, bf16_mixed or fp16_mixed
+int run(const Options& o) {
+  if constexpr (Policy::fp32_matmul == tg::amp::Fp32Matmul::tf32) {
+    // The fp32 run, with the GPU's fp32 GEMMs on TF32 tensor cores (Note [TF32 by policy]).
+    if (o.device != "cuda") {
+      std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
+      return run_policy<tg::amp::fp32_policy>(o);
+    }
+    const tg::amp::Fp32MatmulScope<Policy> tf32;
+    return run_policy<tg::amp::fp32_policy>(o);
+  } else {
+    return run_policy<Policy>(o);
+  }
 }
 
 }  // namespace
@@ -91,8 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint file, or from the latest in a directory");
   app.add_option("--init-from", o.init_from, "initialize the weights from a safetensors file (weights only)");
-  app.add_option("--precision", o.precision, "fp32, or mixed precision with bf16 / fp16 compute (fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--precision", o.precision, "fp32; tf32 (fp32 with TF32 tensor cores for GPU GEMMs); or mixed precision with bf16 / fp16 compute (fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "where to train: cpu, or cuda (the first GPU; optimizer adamw or adam)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
