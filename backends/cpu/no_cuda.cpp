@@ -17,6 +17,19 @@ void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_hos
 void copy_device_to_host(void*, const void*, std::size_t) { no_backend("copy_device_to_host"); }
 void copy_device_to_device(void*, const void*, std::size_t) { no_backend("copy_device_to_device"); }
 void synchronize() { no_backend("synchronize"); }
+Stream::Stream() { no_backend("Stream"); }
+Stream::~Stream() = default;
+void Stream::synchronize() const { no_backend("Stream::synchronize"); }
+void* current_stream() { return nullptr; }
+void synchronize_stream() { no_backend("synchronize_stream"); }
+StreamGuard::StreamGuard(const Stream&) : previous_(nullptr) { no_backend("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+Event::Event() { no_backend("Event"); }
+Event::~Event() = default;
+void Event::record() { no_backend("Event::record"); }
+void Event::wait() const { no_backend("Event::wait"); }
+void Event::synchronize() const { no_backend("Event::synchronize"); }
+float Event::elapsed_ms_since(const Event&) const { no_backend("Event::elapsed_ms_since"); }
 template <class T>
 void fill(T*, std::int64_t, T) {
   no_backend("fill");

@@ -1,5 +1,7 @@
 // The caching device allocator: the same size classes and statistics as the CPU one (Note [caching
 // allocator]); freed blocks are kept for reuse, so a training loop stops calling cudaMalloc after step one.
+// One free list per stream (Note [CUDA streams]): a block goes back to the list of the stream that was
+// current when it was allocated, and an allocation takes blocks only from its current stream's list.
 #include <map>
 #include <mutex>
 
@@ -14,15 +16,17 @@ class CachingDeviceAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes) override {
     const std::size_t size = CachingHostAllocator::round_size(bytes);
+    void* const stream = backend::cuda::current_stream();
     std::lock_guard lock(mu_);
     ++stats_.allocations;
     std::size_t got = size;
     void* p = nullptr;
-    auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= 2 * size) {
+    auto& free = free_[stream];
+    auto it = free.lower_bound(size);
+    if (it != free.end() && it->first <= 2 * size) {
       got = it->first;
       p = it->second;
-      free_.erase(it);
+      free.erase(it);
     } else {
       cudaError_t st = cudaMalloc(&p, size);
       if (st == cudaErrorMemoryAllocation) {  // return the cache to the driver and retry once
@@ -36,7 +40,7 @@ class CachingDeviceAllocator final : public Allocator {
       ++stats_.system_allocations;
       stats_.bytes_reserved += static_cast<std::int64_t>(size);
     }
-    sizes_[p] = got;
+    blocks_[p] = {got, stream};
     stats_.bytes_in_use += static_cast<std::int64_t>(got);
     if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
     return p;
@@ -44,11 +48,11 @@ class CachingDeviceAllocator final : public Allocator {
   void deallocate(void* ptr, std::size_t) override {
     if (!ptr) return;
     std::lock_guard lock(mu_);
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    stats_.bytes_in_use -= static_cast<std::int64_t>(it->second);
-    free_.emplace(it->second, ptr);
-    sizes_.erase(it);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) return;
+    stats_.bytes_in_use -= static_cast<std::int64_t>(it->second.size);
+    free_[it->second.stream].emplace(it->second.size, ptr);
+    blocks_.erase(it);
   }
   AllocatorStats stats() const override {
     std::lock_guard lock(mu_);
@@ -66,16 +70,21 @@ class CachingDeviceAllocator final : public Allocator {
 
  private:
   void release_cache_locked() {
-    for (auto& [size, p] : free_) {
-      cudaFree(p);
-      stats_.bytes_reserved -= static_cast<std::int64_t>(size);
-      ++stats_.system_frees;
-    }
+    for (auto& [stream, free] : free_)
+      for (auto& [size, p] : free) {
+        cudaFree(p);  // waits for the device's pending work
+        stats_.bytes_reserved -= static_cast<std::int64_t>(size);
+        ++stats_.system_frees;
+      }
     free_.clear();
   }
+  struct Block {
+    std::size_t size;
+    void* stream;  // current when the block was allocated; its free list
+  };
   mutable std::mutex mu_;
-  std::multimap<std::size_t, void*> free_;
-  std::map<void*, std::size_t> sizes_;
+  std::map<void*, std::multimap<std::size_t, void*>> free_;  // per stream: size -> block
+  std::map<void*, Block> blocks_;                             // blocks in use
   AllocatorStats stats_;
 };
 

@@ -16,12 +16,16 @@
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
 #include "typegrad/detail/cuda/geometry.hpp"  // Geo, make_geo (host-tested)
+#include "typegrad/detail/cuda/runtime.hpp"   // current_stream
 
 namespace tg::backend::cuda::detail {
 
 /// The accumulation type of storage type T on the device (double for fp64, else float).
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// The calling thread's current stream: every launch, memset and library call goes there (Note [CUDA streams]).
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(::tg::backend::cuda::current_stream()); }
 
 constexpr int kThreads = 256;
 /// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
@@ -79,8 +83,8 @@ inline int row_threads(std::int64_t n) {
 }
 
 /// Device scratch memory from the caching allocator, returned when the scope ends. Kernels using it are
-/// stream-ordered on the default stream, so a block returned here and handed out again is only touched
-/// after the earlier kernels.
+/// ordered on the current stream, and the block returns to that stream's free list, so when it is handed out
+/// again it is only touched after the earlier kernels (Note [CUDA streams]).
 class Workspace {
  public:
   explicit Workspace(std::size_t bytes) : bytes_(std::max<std::size_t>(bytes, 1)) {
@@ -99,11 +103,16 @@ class Workspace {
   void* ptr_;
 };
 
-/// Host data uploaded to a device workspace (synchronous copy; the host buffer may die afterwards).
+/// Host data uploaded to a device workspace (complete on return: the host buffer may die afterwards).
 template <class X>
 X* upload(Workspace& ws, const X* host, std::int64_t n) {
-  if (n > 0) TG_CUDA_CHECK(cudaMemcpy(ws.as<X>(), host, static_cast<std::size_t>(n) * sizeof(X), cudaMemcpyHostToDevice));
+  if (n > 0) copy_host_to_device(ws.as<X>(), host, static_cast<std::size_t>(n) * sizeof(X));
   return ws.as<X>();
+}
+/// Device data read back to the host (waits for the current stream's work up to the copy).
+template <class X>
+void download(X* host, const X* device, std::int64_t n) {
+  if (n > 0) copy_device_to_host(host, device, static_cast<std::size_t>(n) * sizeof(X));
 }
 
 }  // namespace tg::backend::cuda::detail

@@ -77,9 +77,9 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
   const std::int64_t n = sizes.numel();
   if (n == 0) return;
   if (contiguous(sizes, src_strides) && contiguous(sizes, dst_strides)) {
-    copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads>>>(src, dst, n);
+    copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n);
   } else {
-    copy_kernel<S, T><<<detail::grid_for(n), kThreads>>>(src, dst, n, detail::make_geo(sizes, src_strides, dst_strides));
+    copy_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n, detail::make_geo(sizes, src_strides, dst_strides));
   }
   TG_CUDA_LAUNCHED();
 }
@@ -88,7 +88,7 @@ template <class T>
 void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shape& sb, T* out, const Shape& out_shape) {
   const std::int64_t n = out_shape.numel();
   if (n == 0) return;
-  binary_kernel<T><<<detail::grid_for(n), kThreads>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
+  binary_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
   TG_CUDA_LAUNCHED();
 }
 
@@ -96,7 +96,7 @@ template <class T>
 void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  unary_forward_kernel<T><<<detail::grid_for(n), kThreads>>>(op, x, y, n, detail::make_geo(shape, sx));
+  unary_forward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, x, y, n, detail::make_geo(shape, sx));
   TG_CUDA_LAUNCHED();
 }
 
@@ -105,7 +105,7 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
                     const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  unary_backward_kernel<T><<<detail::grid_for(n), kThreads>>>(op, saved, dy, dx, n, detail::make_geo(shape, ss, sdy));
+  unary_backward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, saved, dy, dx, n, detail::make_geo(shape, ss, sdy));
   TG_CUDA_LAUNCHED();
 }
 
@@ -116,7 +116,7 @@ void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std:
   if (n == 0) return;
   // p and the scale rounded exactly as the CPU kernel rounds them
   const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));
-  dropout_kernel<T><<<detail::grid_for(n), kThreads>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
+  dropout_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
                                                        static_cast<float>(p), scale);
   TG_CUDA_LAUNCHED();
 }
@@ -126,7 +126,7 @@ void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Sh
                  const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  masked_fill_kernel<T><<<detail::grid_for(n), kThreads>>>(x, mask, value, y, n, detail::make_geo(shape, sx, sm));
+  masked_fill_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(x, mask, value, y, n, detail::make_geo(shape, sx, sm));
   TG_CUDA_LAUNCHED();
 }
 

@@ -234,14 +234,14 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_
 template <class T>
 void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
   if (rows * n == 0) return;
-  softmax_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, y, rows, n, log);
+  softmax_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, y, rows, n, log);
   TG_CUDA_LAUNCHED();
 }
 
 template <class T>
 void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
   if (rows * n == 0) return;
-  softmax_backward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(y, dy, dx, rows, n, log);
+  softmax_backward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(y, dy, dx, rows, n, log);
   TG_CUDA_LAUNCHED();
 }
 
@@ -249,7 +249,7 @@ template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,
                        std::int64_t rows, std::int64_t n, double eps) {
   if (rows * n == 0) return;
-  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, b, y, mean, rstd, rows, n,
+  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, b, y, mean, rstd, rows, n,
                                                                        static_cast<acc_t<T>>(eps));
   TG_CUDA_LAUNCHED();
 }
@@ -257,7 +257,7 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mea
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
   if (rows * n == 0) return;
-  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, nullptr, y, nullptr, rstd, rows, n,
+  norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, nullptr, y, nullptr, rstd, rows, n,
                                                                        static_cast<acc_t<T>>(eps));
   TG_CUDA_LAUNCHED();
 }
@@ -268,7 +268,7 @@ void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const ac
   using A = acc_t<T>;
   if (n == 0) return;
   if (dx && rows > 0) {
-    norm_backward_dx_kernel<T><<<row_blocks(rows), detail::row_threads(n)>>>(x, w, mean, rstd, dy, dx, rows, n);
+    norm_backward_dx_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, mean, rstd, dy, dx, rows, n);
     TG_CUDA_LAUNCHED();
   }
   if (dw || db) {
@@ -280,10 +280,10 @@ void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const ac
     detail::Workspace ws(2 * static_cast<std::size_t>(chunks * n) * sizeof(A));
     A* pw = ws.as<A>();
     A* pb = pw + chunks * n;
-    norm_backward_dwdb_partial_kernel<T><<<detail::grid_for(chunks * n), kThreads>>>(x, mean, rstd, dy, pw, pb, rows, n,
+    norm_backward_dwdb_partial_kernel<T><<<detail::grid_for(chunks * n), kThreads, 0, detail::stream()>>>(x, mean, rstd, dy, pw, pb, rows, n,
                                                                                      chunks, chunk_len);
     TG_CUDA_LAUNCHED();
-    norm_backward_dwdb_final_kernel<T><<<detail::grid_for(n), kThreads>>>(pw, pb, dw, db, n, chunks);
+    norm_backward_dwdb_final_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(pw, pb, dw, db, n, chunks);
     TG_CUDA_LAUNCHED();
   }
 }
@@ -293,7 +293,7 @@ void embedding_forward(const T* w, const std::int64_t* idx, T* out, std::int64_t
   if (n * C == 0) return;
   detail::Workspace wi(static_cast<std::size_t>(n) * sizeof(std::int64_t));
   const std::int64_t* didx = detail::upload(wi, idx, n);
-  embedding_forward_kernel<T><<<detail::grid_for(n * C), kThreads>>>(w, didx, out, n, C);
+  embedding_forward_kernel<T><<<detail::grid_for(n * C), kThreads, 0, detail::stream()>>>(w, didx, out, n, C);
   TG_CUDA_LAUNCHED();
 }
 
@@ -312,7 +312,7 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
   detail::Workspace ws(static_cast<std::size_t>(V + 1) * sizeof(std::int64_t)), wo(static_cast<std::size_t>(n) * sizeof(std::int64_t));
   const std::int64_t* dstart = detail::upload(ws, start.data(), V + 1);
   const std::int64_t* dorder = detail::upload(wo, order.data(), n);
-  embedding_backward_kernel<T><<<row_blocks(V), detail::row_threads(C)>>>(dout, dstart, dorder, dw, V, C);
+  embedding_backward_kernel<T><<<row_blocks(V), detail::row_threads(C), 0, detail::stream()>>>(dout, dstart, dorder, dw, V, C);
   TG_CUDA_LAUNCHED();
 }
 
@@ -324,11 +324,11 @@ double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum
   if (rows == 0) return 0.0;
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t)), wl(static_cast<std::size_t>(rows) * sizeof(A));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
-  cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V)>>>(logits, dt, lse, wl.as<A>(), rows, V,
+  cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(logits, dt, lse, wl.as<A>(), rows, V,
                                                                                 ignore_index);
   TG_CUDA_LAUNCHED();
   std::vector<A> loss(static_cast<std::size_t>(rows));
-  TG_CUDA_CHECK(cudaMemcpy(loss.data(), wl.as<A>(), loss.size() * sizeof(A), cudaMemcpyDeviceToHost));
+  detail::download(loss.data(), wl.as<A>(), static_cast<std::int64_t>(loss.size()));
   double total = 0;  // row order in fp64, as on the CPU
   std::int64_t c = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -346,7 +346,7 @@ void cross_entropy_backward(const T* logits, const std::int64_t* targets, const 
   if (rows * V == 0) return;
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
-  cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V)>>>(
+  cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
       logits, dt, lse, static_cast<acc_t<T>>(scale), dlogits, rows, V, ignore_index);
   TG_CUDA_LAUNCHED();
 }

@@ -90,12 +90,12 @@ void reduce_sum(const T* in, T* out, std::int64_t outer, std::int64_t n, std::in
   using A = acc_t<T>;
   if (outer * inner == 0) return;
   if (n == 0) {
-    TG_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<std::size_t>(outer * inner) * sizeof(T)));  // +0.0 in every type
+    TG_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<std::size_t>(outer * inner) * sizeof(T), detail::stream()));  // +0.0 in every type
     return;
   }
   if (inner == 1) {
     const int threads = detail::row_threads(n);
-    sum_rows_kernel<T><<<static_cast<unsigned>(std::min<std::int64_t>(outer, 65535)), threads>>>(in, out, outer, n);
+    sum_rows_kernel<T><<<static_cast<unsigned>(std::min<std::int64_t>(outer, 65535)), threads, 0, detail::stream()>>>(in, out, outer, n);
     TG_CUDA_LAUNCHED();
     return;
   }
@@ -105,22 +105,22 @@ void reduce_sum(const T* in, T* out, std::int64_t outer, std::int64_t n, std::in
   const std::int64_t chunk_len = (n + chunks - 1) / chunks;
   chunks = (n + chunk_len - 1) / chunk_len;
   if (chunks == 1) {
-    sum_cols_partial_kernel<T, T><<<detail::grid_for(outer * inner), kThreads>>>(in, out, outer, n, inner, 1, n);
+    sum_cols_partial_kernel<T, T><<<detail::grid_for(outer * inner), kThreads, 0, detail::stream()>>>(in, out, outer, n, inner, 1, n);
     TG_CUDA_LAUNCHED();
     return;
   }
   detail::Workspace ws(static_cast<std::size_t>(outer * chunks * inner) * sizeof(A));
-  sum_cols_partial_kernel<T, A><<<detail::grid_for(outer * chunks * inner), kThreads>>>(in, ws.as<A>(), outer, n, inner,
+  sum_cols_partial_kernel<T, A><<<detail::grid_for(outer * chunks * inner), kThreads, 0, detail::stream()>>>(in, ws.as<A>(), outer, n, inner,
                                                                                         chunks, chunk_len);
   TG_CUDA_LAUNCHED();
-  sum_cols_final_kernel<T, A><<<detail::grid_for(outer * inner), kThreads>>>(ws.as<A>(), out, outer, chunks, inner);
+  sum_cols_final_kernel<T, A><<<detail::grid_for(outer * inner), kThreads, 0, detail::stream()>>>(ws.as<A>(), out, outer, chunks, inner);
   TG_CUDA_LAUNCHED();
 }
 
 template <class T>
 void reduce_max(const T* in, T* out, std::int64_t* index, std::int64_t outer, std::int64_t n, std::int64_t inner) {
   if (outer * inner == 0) return;
-  max_kernel<T><<<detail::grid_for(outer * inner), kThreads>>>(in, out, index, outer, n, inner);
+  max_kernel<T><<<detail::grid_for(outer * inner), kThreads, 0, detail::stream()>>>(in, out, index, outer, n, inner);
   TG_CUDA_LAUNCHED();
 }
 
@@ -128,7 +128,7 @@ template <class T>
 void max_backward(const T* dout, const std::int64_t* index, T* din, std::int64_t outer, std::int64_t n,
                   std::int64_t inner) {
   if (outer * n * inner == 0) return;
-  max_backward_kernel<T><<<detail::grid_for(outer * n * inner), kThreads>>>(dout, index, din, outer, n, inner);
+  max_backward_kernel<T><<<detail::grid_for(outer * n * inner), kThreads, 0, detail::stream()>>>(dout, index, din, outer, n, inner);
   TG_CUDA_LAUNCHED();
 }
 

@@ -1,4 +1,5 @@
-// CUDA backend basics: device allocator statistics and caching, host<->device copies, device fill.
+// CUDA backend basics: device allocator statistics and caching, host<->device copies, device fill, streams
+// and events (Note [CUDA streams]).
 // Every test skips with the reason when no CUDA device is present (the build machines have none).
 #include <gtest/gtest.h>
 
@@ -54,6 +55,93 @@ TEST_F(CudaRuntime, GradientFlowsBackThroughADeviceCopy) {
   tg::sum(y * y).backward();
   const auto g = x.grad().to_vector(), xv = x.to_vector();
   for (std::size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(g[i], 2 * xv[i]);
+}
+
+// ---- streams (Note [CUDA streams]) ----------------------------------------------------------------------
+namespace cuda = tg::backend::cuda;
+
+TEST_F(CudaRuntime, StreamGuardSelectsAndRestoresTheCurrentStream) {
+  EXPECT_EQ(cuda::current_stream(), nullptr);
+  cuda::Stream a, b;
+  EXPECT_NE(a.handle(), nullptr);
+  EXPECT_NE(a.handle(), b.handle());
+  {
+    cuda::StreamGuard on_a(a);
+    EXPECT_EQ(cuda::current_stream(), a.handle());
+    {
+      cuda::StreamGuard on_b(b);
+      EXPECT_EQ(cuda::current_stream(), b.handle());
+    }
+    EXPECT_EQ(cuda::current_stream(), a.handle());
+  }
+  EXPECT_EQ(cuda::current_stream(), nullptr);
+}
+
+/// A chain of ops (GEMM, GELU, softmax, row sums) on the current stream, read back to the host.
+tg::Tensor<float> chain(const tg::Tensor<float>& xh, const tg::Tensor<float>& wh) {
+  const auto x = xh.to<tg::cuda>(), w = wh.to<tg::cuda>();
+  const auto h = tg::gelu_tanh(tg::matmul(x, w));
+  return tg::sum(tg::softmax(h), {-1}).to<tg::cpu>();
+}
+
+TEST_F(CudaRuntime, OpsOnASideStreamGiveTheDefaultStreamsResults) {
+  const auto x = tg::Tensor<float>::normal({64, 96}), w = tg::Tensor<float>::normal({96, 80});
+  const auto on_default = chain(x, w).to_vector();
+  cuda::Stream side;
+  std::vector<float> on_side;
+  {
+    cuda::StreamGuard guard(side);
+    on_side = chain(x, w).to_vector();  // the copy back synchronizes `side`
+  }
+  EXPECT_EQ(on_side, on_default);
+}
+
+TEST_F(CudaRuntime, AllocatorReusesABlockOnlyOnItsOwnStream) {
+  auto& a = tg::allocator<tg::cuda>();
+  cuda::Stream s1, s2;
+  const std::size_t bytes = 3 << 20;
+  {
+    cuda::StreamGuard on(s1);
+    a.deallocate(a.allocate(bytes), bytes);  // cached on s1's list
+  }
+  const auto cached = a.stats();
+  {
+    cuda::StreamGuard on(s2);  // s1's block is not handed to s2
+    void* p = a.allocate(bytes);
+    EXPECT_EQ(a.stats().system_allocations, cached.system_allocations + 1);
+    a.deallocate(p, bytes);
+  }
+  {
+    cuda::StreamGuard on(s1);  // s1 gets its own block back
+    void* p = a.allocate(bytes);
+    EXPECT_EQ(a.stats().system_allocations, cached.system_allocations + 1);
+    a.deallocate(p, bytes);
+  }
+}
+
+TEST_F(CudaRuntime, AnEventOrdersWorkAcrossStreams) {
+  cuda::Stream producer, consumer;
+  cuda::Event ready, start, end;
+  const std::int64_t n = 1 << 24;
+  auto buf = tg::Tensor<float, tg::cuda>::empty({n});
+  {
+    cuda::StreamGuard on(producer);
+    start.record();
+    for (int i = 1; i <= 8; ++i) cuda::fill(buf.data(), n, static_cast<float>(i));  // the last fill wins
+    ready.record();
+    end.record();
+  }
+  std::vector<float> got(static_cast<std::size_t>(n));
+  {
+    cuda::StreamGuard on(consumer);
+    ready.wait();
+    cuda::copy_device_to_host(got.data(), buf.data(), got.size() * sizeof(float));
+  }
+  EXPECT_EQ(got.front(), 8.f);
+  EXPECT_EQ(got.back(), 8.f);
+  end.synchronize();
+  EXPECT_GT(end.elapsed_ms_since(start), 0.f);
+  producer.synchronize();
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-// The CUDA backend's host-side interface: device queries, the caching device allocator, copies, fill.
+// The CUDA backend's host-side interface: device queries, streams and events, copies, fill (the caching
+// device allocator is tg::allocator<cuda>()).
 // Declared always; defined by backends/cuda when TG_HAVE_CUDA, otherwise each call throws a tg::Error
 // that says the build has no CUDA backend (device_count() then returns 0, so GPU tests can skip).
 //   if (tg::backend::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
 //   tg::backend::cuda::copy_host_to_device(dst, src, bytes);
+//   tg::backend::cuda::Stream side;  { tg::backend::cuda::StreamGuard on(side); /* ops run on `side` */ }
 #pragma once
 
 #include <cstddef>
@@ -18,6 +20,71 @@ namespace tg::backend::cuda {
 int device_count();
 /// "NVIDIA H200, sm_90, 139 GiB" or the reason there is none.
 std::string device_description();
+
+// Note [CUDA streams]
+// Every kernel, cuBLAS(Lt) call, memset and copy of the backend is issued on the calling thread's current
+// stream: the legacy default stream (nullptr) unless a StreamGuard selects a Stream. Work on one stream runs
+// in issue order; work on different streams may overlap and is ordered only through events (Event::record
+// on one stream, Event::wait on another) or synchronization. Calls that hand data to the host
+// (copy_device_to_host, item(), cross_entropy_forward's loss, the optimizers' read-backs) synchronize the
+// current stream only. The caching allocator keeps one free list per stream: a block freed after its use
+// on stream s is handed out again only to allocations made while s is current, so reuse is ordered after
+// the use. A tensor allocated on one stream and used on another must not be freed before that use has
+// completed (wait on an event or synchronize first) - the contract PyTorch's record_stream automates.
+
+/// A CUDA stream of the current device (non-blocking with respect to the legacy default stream).
+/// Destroying it first waits for its work, so its handle (and cached blocks) cannot be reused early.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  /// The cudaStream_t, as an opaque pointer (this header does not include the CUDA runtime).
+  void* handle() const { return handle_; }
+  /// Waits for everything issued on this stream so far.
+  void synchronize() const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+/// The calling thread's current stream (nullptr: the legacy default stream).
+void* current_stream();
+/// Waits for everything issued on the current stream so far.
+void synchronize_stream();
+
+/// Makes `s` the calling thread's current stream for the guard's lifetime (the previous one comes back).
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& s);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  void* previous_;
+};
+
+/// A point in a stream's work: record it on one stream, wait for it on another or on the host.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  /// Marks the work issued so far on the current stream.
+  void record();
+  /// Makes later work on the current stream wait for the recorded point (the host does not wait).
+  void wait() const;
+  /// Blocks the host until the recorded point is reached.
+  void synchronize() const;
+  /// Milliseconds between `earlier`'s recorded point and this one (both recorded and reached).
+  float elapsed_ms_since(const Event& earlier) const;
+
+ private:
+  void* handle_ = nullptr;
+};
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes);
