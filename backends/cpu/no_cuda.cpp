@@ -124,6 +124,8 @@ void adam_step_multi(const AdamTensor*, int, double, double, double, double, dou
   no_backend("adam_step_multi");
 }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
+void sgd_step_multi(const SgdTensor*, int, const SgdScalars&) { no_backend("sgd_step_multi"); }
+void lamb_step_multi(const LambTensor*, int, const LambScalars&, double*) { no_backend("lamb_step_multi"); }
 template <class T>
 void sgd_step(T*, const T*, T*, std::int64_t, const SgdScalars&) {
   no_backend("sgd_step");

@@ -1,21 +1,20 @@
 // Multi-tensor optimizer and loss-scaler kernels: one launch for every parameter of a group. The host
-// cuts each tensor into kChunk-element chunks and uploads a (tensor, start) table; block b handles chunk b.
-// The element math is math::adam_update (detail/math.hpp), the body of the CPU's Adam loop.
+// cuts each tensor into kChunk-element chunks and uploads a (tensor, start) table (detail/cuda/
+// multi_tensor.hpp, CPU-tested); block b handles chunk b. The element math is detail/math.hpp's
+// (math::adam_update, sgd_update, lamb_moments / lamb_direction), the bodies of the CPU's loops.
 #include <vector>
 
 #include "common.cuh"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/cuda/multi_tensor.hpp"
 
 namespace tg::backend::cuda {
 
 namespace {
 
-constexpr std::int64_t kChunk = std::int64_t{1} << 16;
-
-struct Chunk {
-  std::int32_t tensor;
-  std::int64_t start;
-};
+using detail::Chunk;
+using detail::chunk_table;
+using detail::kChunk;
 
 // ---- kernels --------------------------------------------------------------------------------------------
 __global__ void adam_multi_kernel(const AdamTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
@@ -49,11 +48,58 @@ __global__ void unscale_kernel(float* const* grads, const std::int64_t* sizes, c
   }
 }
 
-std::vector<Chunk> chunk_table(int count, const std::int64_t* sizes) {
-  std::vector<Chunk> out;
-  for (int t = 0; t < count; ++t)
-    for (std::int64_t s = 0; s < sizes[t]; s += kChunk) out.push_back({t, s});
-  return out;
+template <bool kMomentum>
+__global__ void sgd_multi_kernel(const SgdTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                 math::SgdConsts<float> c) {
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    const SgdTensor t = tensors[chunks[b].tensor];
+    const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
+    for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
+      float p = t.p[i], buf = kMomentum ? t.buf[i] : 0.f;
+      math::sgd_update(p, t.g[i], buf, c);
+      t.p[i] = p;
+      if constexpr (kMomentum) t.buf[i] = buf;
+    }
+  }
+}
+
+/// LAMB pass 1 over every chunk: m, v updated; the chunk's sums of p² and u² into partials[2 b], [2 b + 1]
+/// (a block-shape-fixed order: deterministic).
+__global__ void lamb_moments_multi_kernel(const LambTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                          math::LambConsts<float> c, double* partials) {
+  __shared__ double shm[32];
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
+    const LambTensor t = tensors[chunks[b].tensor];
+    const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
+    double pn = 0, un = 0;
+    for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
+      const float p = t.p[i];
+      float m = t.m[i], v = t.v[i];
+      math::lamb_moments(t.g[i], m, v, c);
+      t.m[i] = m;
+      t.v[i] = v;
+      const float u = math::lamb_direction(p, m, v, c);
+      pn += static_cast<double>(p) * static_cast<double>(p);
+      un += static_cast<double>(u) * static_cast<double>(u);
+    }
+    pn = detail::block_sum(pn, shm);
+    un = detail::block_sum(un, shm);
+    if (threadIdx.x == 0) {
+      partials[2 * b] = pn;
+      partials[2 * b + 1] = un;
+    }
+  }
+}
+/// LAMB pass 2: p -= scales[tensor]·u, scales[t] = lr·trust_t rounded to fp32 (the CPU kernel's `scale`).
+__global__ void lamb_apply_multi_kernel(const LambTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                        math::LambConsts<float> c, const float* scales) {
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    const LambTensor t = tensors[chunks[b].tensor];
+    const float scale = scales[chunks[b].tensor];
+    const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
+    for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x)
+      t.p[i] = t.p[i] - scale * math::lamb_direction(t.p[i], t.m[i], t.v[i], c);
+  }
 }
 
 unsigned blocks_for(std::size_t chunks) { return static_cast<unsigned>(std::min<std::size_t>(chunks, 65535u * 4u)); }
@@ -74,6 +120,56 @@ void adam_step_multi(const AdamTensor* tensors, int count, double lr, double bet
   adam_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(
       dt, dc, static_cast<std::int64_t>(chunks.size()),
       math::adam_consts<float>(lr, beta1, beta2, eps, weight_decay, decoupled, step));
+  TG_CUDA_LAUNCHED();
+}
+
+void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s) {
+  if (count <= 0) return;
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
+  for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
+  const std::vector<Chunk> chunks = chunk_table(count, sizes.data());
+  if (chunks.empty()) return;
+  const auto c = math::sgd_consts<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
+  if (c.use_mom)
+    for (int t = 0; t < count; ++t)
+      TG_CHECK(tensors[t].buf != nullptr || tensors[t].n == 0, "sgd_step_multi: tensor ", t,
+               " has no momentum buffer, and momentum is ", s.momentum);
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(SgdTensor)), wc(chunks.size() * sizeof(Chunk));
+  const SgdTensor* dt = detail::upload(wt, tensors, count);
+  const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
+  const auto n_chunks = static_cast<std::int64_t>(chunks.size());
+  if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c);
+  else sgd_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c);
+  TG_CUDA_LAUNCHED();
+}
+
+void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s, double* trust_ratios) {
+  if (count <= 0) return;
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
+  for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
+  const std::vector<Chunk> chunks = chunk_table(count, sizes.data());
+  const auto n_chunks = static_cast<std::int64_t>(chunks.size());
+  std::vector<double> partials(chunks.size() * 2);
+  const auto c = math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(LambTensor)), wc(chunks.size() * sizeof(Chunk)),
+      wp(partials.size() * sizeof(double)), ws(static_cast<std::size_t>(count) * sizeof(float));
+  const LambTensor* dt = detail::upload(wt, tensors, count);
+  const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
+  if (n_chunks > 0) {
+    lamb_moments_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c, wp.as<double>());
+    TG_CUDA_LAUNCHED();
+    TG_CUDA_CHECK(cudaMemcpy(partials.data(), wp.as<double>(), partials.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  }
+  const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
+  std::vector<float> scales(static_cast<std::size_t>(count));
+  for (std::size_t t = 0; t < sums.size(); ++t) {
+    const double trust = cpu::lamb_trust_ratio(sums[t][0], sums[t][1]);
+    scales[t] = static_cast<float>(s.lr * trust);
+    if (trust_ratios) trust_ratios[t] = trust;
+  }
+  if (n_chunks == 0) return;
+  const float* dscales = detail::upload(ws, scales.data(), count);
+  lamb_apply_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c, dscales);
   TG_CUDA_LAUNCHED();
 }
 

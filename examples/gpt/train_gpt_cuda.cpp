@@ -11,15 +11,15 @@ int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::
   // host optimizer's (possibly loaded) state.
   const tg::nn::BasicGPT<tg::cuda> gpu_model(model);
   const auto gpu_params = gpu_model.named_parameters();
-  tg::optim::DeviceAdam<tg::cuda> gpu_opt(gpu_params, adam_options(r.o), r.o.optimizer == "adamw");
-  gpu_opt.load_state(r.host_opt.state_tensors());
+  const auto gpu_opt = make_device_optimizer<tg::cuda>(r.o, gpu_params);  // make_optimizer's settings
+  gpu_opt->load_state(r.host_opt.state_tensors());
   DeviceAmp<Policy> amp;
   restore_scaler_or_warn(amp.scaler, saved_scaler);
   auto sync_host = [&] {  // before each checkpoint: the GPU's weights and state into the host objects
     tg::nn::copy_parameter_values(gpu_params, r.params);
-    r.host_opt.load_state(gpu_opt.state_tensors());
+    r.host_opt.load_state(gpu_opt->state_tensors());
   };
-  return train<tg::cuda>(r, gpu_model, gpu_opt, amp, sync_host);
+  return train<tg::cuda>(r, gpu_model, *gpu_opt, amp, sync_host);
 }
 
 template int train_on_cuda<tg::amp::fp32_policy>(Run&, const tg::nn::GPT&, const std::optional<tg::io::ScalerStateRecord>&);

@@ -102,26 +102,56 @@ inline tg::optim::Schedule make_schedule(const Options& o, std::int64_t steps) {
   throw tg::Error("--schedule: unknown schedule '", o.schedule, "' (expected cosine, linear, constant or invsqrt)");
 }
 
-inline std::unique_ptr<tg::optim::Optimizer> make_optimizer(const Options& o, const std::vector<tg::optim::Param>& params) {
-  using namespace tg::optim;
-  auto groups = default_groups(params, o.weight_decay);
-  if (o.optimizer == "adamw") return std::make_unique<AdamW>(groups, AdamWOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay});
-  if (o.optimizer == "adam") return std::make_unique<Adam>(groups, AdamOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.f});
-  if (o.optimizer == "sgd") return std::make_unique<Sgd>(groups, SgdOptions{.lr = o.lr, .momentum = 0.9f, .dampening = 0.f, .nesterov = true, .weight_decay = 0.f});
-  if (o.optimizer == "lamb") return std::make_unique<Lamb>(groups, LambOptions{.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .weight_decay = o.weight_decay});
-  if (o.optimizer == "adafactor") {
-    AdafactorOptions a;
-    a.lr = o.lr;
-    a.relative_step = false;
-    a.weight_decay = 0.f;
-    return std::make_unique<Adafactor>(groups, a);
-  }
+// The settings of each --optimizer, shared by the CPU optimizer (make_optimizer) and the GPU one
+// (make_device_optimizer), so both devices run one configuration. `weight_decay` is what the matrices get:
+// default_groups gives it to the decay group and 0 to the rest, the device optimizers decide the same way
+// (Note [which parameters decay]).
+inline tg::optim::AdamWOptions adam_options(const Options& o) {
+  return {.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay};
+}
+inline tg::optim::SgdOptions sgd_options(const Options& o) {
+  return {.lr = o.lr, .momentum = 0.9f, .dampening = 0.f, .nesterov = true, .weight_decay = o.weight_decay};
+}
+inline tg::optim::LambOptions lamb_options(const Options& o) {
+  return {.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .weight_decay = o.weight_decay};
+}
+inline tg::optim::AdafactorOptions adafactor_options(const Options& o) {
+  tg::optim::AdafactorOptions a;  // the paper's defaults, with --lr as the step size and decoupled decay
+  a.lr = o.lr;
+  a.relative_step = false;
+  a.weight_decay = o.weight_decay;
+  return a;
+}
+[[noreturn]] inline void unknown_optimizer(const Options& o) {
   throw tg::Error("--optimizer: unknown optimizer '", o.optimizer, "' (expected adamw, adam, sgd, lamb or adafactor)");
 }
 
-/// AdamW's / Adam's settings in make_optimizer, for the GPU optimizer (tg::optim::DeviceAdam).
-inline tg::optim::AdamWOptions adam_options(const Options& o) {
-  return {.lr = o.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o.weight_decay};
+inline std::unique_ptr<tg::optim::Optimizer> make_optimizer(const Options& o, const std::vector<tg::optim::Param>& params) {
+  using namespace tg::optim;
+  auto groups = default_groups(params, o.weight_decay);
+  if (o.optimizer == "adamw") return std::make_unique<AdamW>(groups, adam_options(o));
+  if (o.optimizer == "adam") {
+    const AdamWOptions a = adam_options(o);  // L2 decay (Adam's) with the same numbers
+    return std::make_unique<Adam>(groups, AdamOptions{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay});
+  }
+  if (o.optimizer == "sgd") return std::make_unique<Sgd>(groups, sgd_options(o));
+  if (o.optimizer == "lamb") return std::make_unique<Lamb>(groups, lamb_options(o));
+  if (o.optimizer == "adafactor") return std::make_unique<Adafactor>(groups, adafactor_options(o));
+  unknown_optimizer(o);
+}
+
+/// make_optimizer's optimizer on device D (Note [device optimizers]): the same settings and decay groups,
+/// the same state names.
+template <tg::Device D>
+std::unique_ptr<tg::optim::DeviceOptimizer<D>> make_device_optimizer(const Options& o,
+                                                                     std::vector<tg::optim::BasicParam<D>> params) {
+  using namespace tg::optim;
+  if (o.optimizer == "adamw" || o.optimizer == "adam")
+    return std::make_unique<DeviceAdam<D>>(std::move(params), adam_options(o), o.optimizer == "adamw");
+  if (o.optimizer == "sgd") return std::make_unique<DeviceSgd<D>>(std::move(params), sgd_options(o));
+  if (o.optimizer == "lamb") return std::make_unique<DeviceLamb<D>>(std::move(params), lamb_options(o));
+  if (o.optimizer == "adafactor") return std::make_unique<DeviceAdafactor<D>>(std::move(params), adafactor_options(o));
+  unknown_optimizer(o);
 }
 
 /// `t` on the host (a copy when it lives on a device).
@@ -272,14 +302,15 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
 // Note [training on a GPU]
 // The CPU objects are the run's reference: the host model (nn::GPT) is built from the seed, --init-from and
 // --resume load into it and its optimizer, and checkpoints are written from them. With --device cuda the
-// loop trains a copy on the GPU (nn::BasicGPT<cuda>, built from the host model after any loading) with
-// optim::DeviceAdam<cuda> (fused multi-tensor Adam/AdamW, state loaded from the host optimizer); before each
-// checkpoint the weights and optimizer state are copied back into the host model and optimizer and saved
-// as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way round. The generators,
-// sampler, schedule and accumulator are host objects on both devices. On the GPU, 16-bit compute converts
-// each fp32 master per use (amp::param_as; no per-step weight copies yet); fp16's DynamicScaler unscales
-// and checks the GPU gradients in one launch (amp::detail::unscale_grads). SGD, LAMB and Adafactor have
-// per-tensor CUDA kernels but no device optimizer yet: main() rejects them with --device cuda.
+// loop trains a copy on the GPU (nn::BasicGPT<cuda>, built from the host model after any loading) with the
+// device optimizer of --optimizer (make_device_optimizer: DeviceAdam, DeviceSgd, DeviceLamb or
+// DeviceAdafactor, with make_optimizer's settings; state loaded from the host optimizer; Note [device
+// optimizers]); before each checkpoint the weights and optimizer state are copied back into the host model
+// and optimizer and saved as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way
+// round, for every optimizer. The generators, sampler, schedule and accumulator are host objects on both
+// devices. On the GPU, 16-bit compute converts each fp32 master per use (amp::param_as; no per-step weight
+// copies yet); fp16's DynamicScaler unscales and checks the GPU gradients in one launch
+// (amp::detail::unscale_grads), and clipping sums the squares on the GPU (clip_grad_norm(DeviceOptimizer)).
 
 /// A checkpoint's loss-scaler state into `scaler` (tg::io::restore_scaler), with the warning when this run's
 /// precision has no scaler to take it.

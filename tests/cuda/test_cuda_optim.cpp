@@ -1,14 +1,22 @@
-// The CUDA optimizer kernels (multi-tensor AdamW; per-tensor SGD, LAMB, Adafactor) and the loss scaler's
-// unscale + inf/NaN check. The shared element formulas (math::adam_update, sgd_update, lamb_moments /
-// lamb_direction) are checked against the CPU kernels here on every machine; the device kernels are compared
-// with the CPU on a GPU and skip with the reason elsewhere.
+// The CUDA optimizer kernels (multi-tensor AdamW, SGD and LAMB; per-tensor SGD, LAMB, Adafactor), the device
+// optimizers on CUDA (DeviceSgd, DeviceLamb, DeviceAdafactor against optim::Sgd / Lamb / Adafactor) and the
+// loss scaler's unscale + inf/NaN check. The shared element formulas (math::adam_update, sgd_update,
+// lamb_moments / lamb_direction) and the multi-tensor chunking (detail/cuda/multi_tensor.hpp) are checked
+// here on every machine; the device kernels are compared with the CPU on a GPU and skip with the reason
+// elsewhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include <map>
+#include <memory>
+#include <string>
+
 #include <typegrad/detail/cpu/optim_kernels.hpp>
+#include <typegrad/detail/cuda/multi_tensor.hpp>
+#include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
 namespace {
@@ -148,6 +156,38 @@ TEST(SharedAdamMath, IsFiniteSeparatesInfAndNan) {
   EXPECT_FALSE(tg::math::is_finite(std::numeric_limits<float>::quiet_NaN()));
 }
 
+// The chunk table of every multi-tensor launch: each element of each tensor in exactly one chunk, chunks
+// in tensor then start order, empty tensors without chunks; per-tensor sums in chunk order.
+TEST(MultiTensorChunks, CoverEveryElementOnceAndSumPerTensor) {
+  using tg::backend::cuda::detail::kChunk;
+  const std::vector<std::int64_t> sizes = {0, 1, kChunk, kChunk + 1, 3 * kChunk - 1, 0};
+  const auto chunks = tg::backend::cuda::detail::chunk_table(static_cast<int>(sizes.size()), sizes.data());
+  std::vector<std::int64_t> covered(sizes.size(), 0);
+  std::vector<double> partials;
+  for (std::size_t b = 0; b < chunks.size(); ++b) {
+    const auto& c = chunks[b];
+    if (b > 0) {
+      ASSERT_TRUE(c.tensor > chunks[b - 1].tensor || (c.tensor == chunks[b - 1].tensor && c.start > chunks[b - 1].start));
+    }
+    const std::int64_t n = sizes[static_cast<std::size_t>(c.tensor)];
+    ASSERT_EQ(c.start, covered[static_cast<std::size_t>(c.tensor)]) << "chunk " << b << " leaves a gap or overlaps";
+    covered[static_cast<std::size_t>(c.tensor)] = std::min(n, c.start + kChunk);
+    partials.push_back(static_cast<double>(b + 1));  // two partials per chunk
+    partials.push_back(0.5 * static_cast<double>(b + 1));
+  }
+  EXPECT_EQ(covered, sizes);
+  EXPECT_EQ(chunks.size(), 0u + 1 + 1 + 2 + 3);
+  const auto sums = tg::backend::cuda::detail::sum_by_tensor<2>(chunks, partials.data(), static_cast<int>(sizes.size()));
+  ASSERT_EQ(sums.size(), sizes.size());
+  EXPECT_EQ(sums[0][0], 0.0);  // no chunks
+  EXPECT_EQ(sums[1][0], 1.0);
+  EXPECT_EQ(sums[2][0], 2.0);
+  EXPECT_EQ(sums[3][0], 3.0 + 4.0);
+  EXPECT_EQ(sums[4][0], 5.0 + 6.0 + 7.0);
+  EXPECT_EQ(sums[4][1], 0.5 * (5.0 + 6.0 + 7.0));
+  EXPECT_EQ(sums[5][1], 0.0);
+}
+
 class CudaOptim : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -264,6 +304,160 @@ TEST_F(CudaOptim, AdafactorFactoredAndFullMatchTheCpu) {
     expect_gpu_close(fv, f.v, 1e-4f, "adafactor full v");
     expect_gpu_close(fp, f.p, 1.f, "adafactor full p");
   }
+}
+
+// Several tensors of different sizes (chunk edges, one element, a zero tensor for LAMB's fallback ratio)
+// through one multi-tensor launch, against the CPU kernel per tensor.
+const std::vector<std::int64_t> kMultiSizes = {1, 1000, (1 << 16) + 3, 70001};
+
+TEST_F(CudaOptim, MultiTensorSgdMatchesTheCpuPerTensor) {
+  for (const double momentum : {0.0, 0.9})
+    for (const bool nesterov : {false, true})
+      for (const bool first : {true, false}) {
+        if (nesterov && momentum == 0.0) continue;
+        SCOPED_TRACE("momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : "") + (first ? " first" : ""));
+        std::vector<State> host;
+        std::vector<tg::Tensor<float, tg::cuda>> p, g, buf;
+        std::vector<tg::backend::cuda::SgdTensor> list;
+        for (std::size_t k = 0; k < kMultiSizes.size(); ++k) {
+          host.push_back(make_state(kMultiSizes[k], 200 + 10 * k));
+          p.push_back(on_gpu(host[k].p));
+          g.push_back(on_gpu(host[k].g));
+          buf.push_back(on_gpu(host[k].m));
+          list.push_back({p[k].data(), g[k].data(), momentum != 0.0 ? buf[k].data() : nullptr, kMultiSizes[k]});
+        }
+        const auto s = sgd_scalars(momentum, nesterov, first);
+        tg::backend::cuda::sgd_step_multi(list.data(), static_cast<int>(list.size()), s);
+        for (std::size_t k = 0; k < kMultiSizes.size(); ++k) {
+          tg::backend::cpu::sgd_step<float>(host[k].p.data(), host[k].g.data(), host[k].m.data(), kMultiSizes[k], s);
+          expect_gpu_close(p[k], host[k].p, 1.f, "multi sgd p");
+          expect_gpu_close(buf[k], host[k].m, 1e-2f, "multi sgd momentum buffer");
+        }
+      }
+}
+
+TEST_F(CudaOptim, MultiTensorLambMatchesTheCpuPerTensorWithEachTrustRatio) {
+  std::vector<std::int64_t> sizes = kMultiSizes;
+  sizes.push_back(300007);  // several chunks
+  sizes.push_back(17);      // all-zero weights: the ratio falls back to 1
+  std::vector<State> host;
+  std::vector<tg::Tensor<float, tg::cuda>> p, g, m, v;
+  std::vector<tg::backend::cuda::LambTensor> list;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    host.push_back(make_state(sizes[k], 300 + 10 * k));
+    if (k + 1 == sizes.size()) host[k].p.assign(host[k].p.size(), 0.f);
+    p.push_back(on_gpu(host[k].p));
+    g.push_back(on_gpu(host[k].g));
+    m.push_back(on_gpu(host[k].m));
+    v.push_back(on_gpu(host[k].v));
+    list.push_back({p[k].data(), g[k].data(), m[k].data(), v[k].data(), sizes[k]});
+  }
+  const auto s = lamb_scalars(3);
+  std::vector<double> trust(sizes.size(), -1.0);
+  tg::backend::cuda::lamb_step_multi(list.data(), static_cast<int>(list.size()), s, trust.data());
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    State& h = host[k];
+    const double cpu_trust = tg::backend::cpu::lamb_step<float>(h.p.data(), h.g.data(), h.m.data(), h.v.data(), sizes[k], s);
+    EXPECT_NEAR(trust[k], cpu_trust, 1e-6 * cpu_trust) << "tensor " << k;
+    expect_gpu_close(p[k], h.p, 1.f, "multi lamb p");
+    expect_gpu_close(m[k], h.m, 1e-2f, "multi lamb m");
+    expect_gpu_close(v[k], h.v, 1e-4f, "multi lamb v");
+  }
+  EXPECT_EQ(trust.back(), 1.0);
+  EXPECT_NE(trust[1], 1.0);
+}
+
+// The device optimizers on CUDA against their host optimizers over a decay matrix, a 3-D weight, a bias
+// and a LayerNorm gain for 4 steps (one parameter skipped on step 1), then a state round trip through the
+// host optimizer. The backends differ by FMA contraction and summation order only.
+std::vector<tg::optim::Param> host_params(std::uint64_t seed) {
+  std::vector<tg::optim::Param> out;
+  const std::vector<std::pair<std::string, tg::Shape>> specs = {{"h.0.mlp.c_fc.weight", {64, 1031}},
+                                                                 {"h.0.attn.c_attn.weight", {3, 5, 7}},
+                                                                 {"h.0.mlp.c_fc.bias", {64}},
+                                                                 {"h.0.ln_1.weight", {70001}}};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    tg::Generator gen(seed + i);
+    out.emplace_back(specs[i].first, tg::Tensor<float>::uniform(specs[i].second, -1.f, 1.f, gen));
+  }
+  return out;
+}
+std::vector<tg::optim::BasicParam<tg::cuda>> to_gpu(const std::vector<tg::optim::Param>& ps) {
+  std::vector<tg::optim::BasicParam<tg::cuda>> out;
+  for (const auto& p : ps) out.emplace_back(p.name, p.tensor.detach().to<tg::cuda>().detach());
+  return out;
+}
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(a[i] - b[i])));
+    den = std::max(den, static_cast<double>(std::abs(b[i])));
+  }
+  return den == 0 ? num : num / den;
+}
+
+template <class Host, class Dev, class Options>
+void compare_device_optimizer(const Options& o, float weight_decay) {
+  auto cpu_params = host_params(5);
+  auto gpu_params = to_gpu(cpu_params);
+  Host cpu_opt(tg::optim::default_groups(cpu_params, weight_decay), o);
+  Dev gpu_opt(gpu_params, o);
+  for (int step = 0; step < 4; ++step) {
+    for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+      if (step == 1 && i == 3) continue;
+      tg::Generator gen(1000 + 10 * step + i);
+      const auto gr = tg::Tensor<float>::normal(cpu_params[i].tensor.shape(), 0.f, 0.1f, gen);
+      cpu_params[i].tensor.zero_grad();
+      cpu_params[i].tensor.backward(gr);
+      gpu_params[i].tensor.zero_grad();
+      gpu_params[i].tensor.backward(gr.to<tg::cuda>());
+    }
+    cpu_opt.set_lr(o.lr * (1.f + static_cast<float>(step)) / 4.f);
+    gpu_opt.set_lr(o.lr * (1.f + static_cast<float>(step)) / 4.f);
+    cpu_opt.step();
+    gpu_opt.step();
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+    for (std::size_t i = 0; i < cpu_params.size(); ++i)
+      EXPECT_LT(max_rel(gpu_params[i].tensor.to<tg::cpu>().to_vector(), cpu_params[i].tensor.to_vector()), 1e-5)
+          << cpu_opt.name() << " " << cpu_params[i].name << " step " << step;
+  }
+  std::map<std::string, std::vector<float>> want;
+  for (const auto& e : cpu_opt.state_tensors()) want[e.name] = e.tensor.to_vector();
+  const auto got = gpu_opt.state_tensors();
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& e : got) {
+    ASSERT_TRUE(want.count(e.name)) << e.name;
+    EXPECT_LT(max_rel(e.tensor.to_vector(), want[e.name]), 1e-4) << e.name;
+  }
+  // GPU state -> host optimizer -> fresh GPU optimizer: the same state, exactly.
+  auto other = host_params(9);
+  Host host(tg::optim::default_groups(other, weight_decay), o);
+  host.load_state(gpu_opt.state_tensors());
+  Dev resumed(to_gpu(other), o);
+  resumed.load_state(host.state_tensors());
+  const auto again = resumed.state_tensors();
+  ASSERT_EQ(again.size(), got.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(again[i].tensor.to_vector(), got[i].tensor.to_vector()) << got[i].name;
+}
+
+TEST_F(CudaOptim, DeviceSgdMatchesSgd) {
+  compare_device_optimizer<tg::optim::Sgd, tg::optim::DeviceSgd<tg::cuda>>(
+      tg::optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.01f}, 0.01f);
+  compare_device_optimizer<tg::optim::Sgd, tg::optim::DeviceSgd<tg::cuda>>(
+      tg::optim::SgdOptions{.lr = 0.05f, .weight_decay = 0.01f}, 0.01f);  // no momentum: no state slots
+}
+TEST_F(CudaOptim, DeviceLambMatchesLamb) {
+  compare_device_optimizer<tg::optim::Lamb, tg::optim::DeviceLamb<tg::cuda>>(
+      tg::optim::LambOptions{.lr = 2e-2f, .weight_decay = 0.1f}, 0.1f);
+}
+TEST_F(CudaOptim, DeviceAdafactorMatchesAdafactor) {
+  tg::optim::AdafactorOptions o;
+  o.lr = 3e-2f;
+  o.relative_step = false;
+  o.beta1 = 0.9f;
+  o.weight_decay = 0.05f;
+  compare_device_optimizer<tg::optim::Adafactor, tg::optim::DeviceAdafactor<tg::cuda>>(o, 0.05f);
 }
 
 }  // namespace

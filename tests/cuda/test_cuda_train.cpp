@@ -1,11 +1,14 @@
 // nn::GPT on CUDA (nn::BasicGPT<cuda>, copied from a CPU model) against the CPU model: logits, loss and
 // every parameter's gradient in fp32 and bf16, activation checkpointing on the GPU, and the GPU trainer's
-// step (DeviceAdam<cuda>, device clipping, GradAccumRuntime) against the CPU trainer's (AdamW,
-// clip_grad_norm), including a state round trip through the host optimizer (how train_gpt checkpoints).
+// step (DeviceAdam / DeviceSgd / DeviceLamb / DeviceAdafactor on cuda, device clipping, GradAccumRuntime)
+// against the CPU trainer's (AdamW / Sgd / Lamb / Adafactor, clip_grad_norm), including a state round trip
+// through the host optimizer (how train_gpt checkpoints).
 // Every test skips with the reason when there is no GPU; the CPU halves are tests/optim/test_device_adam.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include <typegrad/amp/scaler.hpp>
@@ -101,18 +104,49 @@ TEST(GptCuda, CheckpointedBlocksGiveTheSameGradients) {
     EXPECT_LT(rel_err(values(b[i].tensor.grad()), values(a[i].tensor.grad())), 1e-5) << a[i].name;
 }
 
+// An optimizer as train_gpt builds it on each device: the host optimizer over default_groups and its
+// device twin (Note [device optimizers]).
+struct OptimizerKind {
+  std::function<std::unique_ptr<tg::optim::Optimizer>(const std::vector<tg::optim::Param>&)> host;
+  std::function<std::unique_ptr<tg::optim::DeviceOptimizer<tg::cuda>>(std::vector<tg::optim::BasicParam<tg::cuda>>)> device;
+};
+OptimizerKind adamw_kind() {
+  const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  return {[o](const auto& ps) { return std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(ps, o.weight_decay), o); },
+          [o](auto ps) { return std::make_unique<tg::optim::DeviceAdam<tg::cuda>>(std::move(ps), o); }};
+}
+OptimizerKind sgd_kind() {
+  const tg::optim::SgdOptions o{.lr = 3e-2f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.1f};
+  return {[o](const auto& ps) { return std::make_unique<tg::optim::Sgd>(tg::optim::default_groups(ps, o.weight_decay), o); },
+          [o](auto ps) { return std::make_unique<tg::optim::DeviceSgd<tg::cuda>>(std::move(ps), o); }};
+}
+OptimizerKind lamb_kind() {
+  const tg::optim::LambOptions o{.lr = 3e-3f, .weight_decay = 0.1f};
+  return {[o](const auto& ps) { return std::make_unique<tg::optim::Lamb>(tg::optim::default_groups(ps, o.weight_decay), o); },
+          [o](auto ps) { return std::make_unique<tg::optim::DeviceLamb<tg::cuda>>(std::move(ps), o); }};
+}
+OptimizerKind adafactor_kind() {
+  tg::optim::AdafactorOptions o;
+  o.lr = 3e-3f;
+  o.relative_step = false;
+  o.weight_decay = 0.1f;
+  return {[o](const auto& ps) { return std::make_unique<tg::optim::Adafactor>(tg::optim::default_groups(ps, o.weight_decay), o); },
+          [o](auto ps) { return std::make_unique<tg::optim::DeviceAdafactor<tg::cuda>>(std::move(ps), o); }};
+}
+
 // The trainer's step on both devices: 2 micro-batches per step, clipping at 0.5, warmup then cosine.
 template <class T, class Scaler = tg::amp::NoScaler>
-void compare_training(double atol, double rtol) {
+void compare_training(double atol, double rtol, const OptimizerKind& kind = adamw_kind()) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator gen(11);
   const tg::nn::GPT cpu_model(kTiny, gen);
   const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
   const auto cpu_params = cpu_model.named_parameters();
   const auto gpu_params = gpu_model.named_parameters();
-  const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  tg::optim::AdamW cpu_opt(tg::optim::default_groups(cpu_params, o.weight_decay), o);
-  tg::optim::DeviceAdam<tg::cuda> gpu_opt(gpu_params, o);
+  const auto cpu_opt_ptr = kind.host(cpu_params);
+  const auto gpu_opt_ptr = kind.device(gpu_params);
+  tg::optim::Optimizer& cpu_opt = *cpu_opt_ptr;
+  tg::optim::DeviceOptimizer<tg::cuda>& gpu_opt = *gpu_opt_ptr;
   auto schedule = [] { return tg::optim::Schedule(tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 8, 3e-4f})); };
   tg::optim::Schedule cpu_sched = schedule(), gpu_sched = schedule();
   tg::optim::GradAccumRuntime cpu_acc(2), gpu_acc(2);
@@ -122,7 +156,7 @@ void compare_training(double atol, double rtol) {
     const auto cpu_loss = tg::cross_entropy_as<tg::fp32>(cpu_model.forward<T>(x), y);
     const auto gpu_loss = tg::cross_entropy_as<tg::fp32>(gpu_model.forward<T>(x), y);
     EXPECT_NEAR(gpu_loss.item(), cpu_loss.item(), atol + rtol * std::abs(cpu_loss.item()))
-        << "micro-batch " << micro << " in " << tg::dtype_traits<T>::name;
+        << cpu_opt.name() << " micro-batch " << micro << " in " << tg::dtype_traits<T>::name;
     cpu_acc.scale(cpu_loss, cpu_scaler).backward();
     gpu_acc.scale(gpu_loss, gpu_scaler).backward();
     cpu_acc.micro_step(cpu_opt, cpu_sched, 0.5, cpu_scaler);
@@ -137,16 +171,16 @@ void compare_training(double atol, double rtol) {
   tg::Generator other(99);
   const tg::nn::GPT host(kTiny, other);
   const auto host_params = host.named_parameters();
-  tg::optim::AdamW host_opt(tg::optim::default_groups(host_params, o.weight_decay), o);
+  const auto host_opt = kind.host(host_params);
   tg::nn::copy_parameter_values(gpu_params, host_params);
-  host_opt.load_state(gpu_opt.state_tensors());
+  host_opt->load_state(gpu_opt.state_tensors());
   const tg::nn::BasicGPT<tg::cuda> resumed(host);
-  tg::optim::DeviceAdam<tg::cuda> resumed_opt(resumed.named_parameters(), o);
-  resumed_opt.load_state(host_opt.state_tensors());
+  const auto resumed_opt = kind.device(resumed.named_parameters());
+  resumed_opt->load_state(host_opt->state_tensors());
   const auto r_params = resumed.named_parameters();
   for (std::size_t i = 0; i < gpu_params.size(); ++i)
     EXPECT_EQ(values(r_params[i].tensor), values(gpu_params[i].tensor)) << gpu_params[i].name;
-  const auto a = gpu_opt.state_tensors(), b = resumed_opt.state_tensors();
+  const auto a = gpu_opt.state_tensors(), b = resumed_opt->state_tensors();
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].name, b[i].name);
@@ -160,6 +194,14 @@ TEST(TrainerCuda, AccumulatedClippedAdamWStepsMatchTheCpuInBf16) { compare_train
 // fp16 with the dynamic loss scaler (2^16 at first: early steps may overflow and be skipped, on both devices).
 TEST(TrainerCuda, AccumulatedClippedAdamWStepsMatchTheCpuInFp16WithLossScaling) {
   compare_training<tg::fp16, tg::amp::DynamicScaler>(1e-2, 3e-2);
+}
+
+// The other optimizers of train_gpt --device cuda, in fp32 (their kernels are the same in every precision:
+// the masters and state are fp32).
+TEST(TrainerCuda, AccumulatedClippedSgdStepsMatchTheCpuInFp32) { compare_training<tg::fp32>(1e-3, 1e-2, sgd_kind()); }
+TEST(TrainerCuda, AccumulatedClippedLambStepsMatchTheCpuInFp32) { compare_training<tg::fp32>(1e-3, 1e-2, lamb_kind()); }
+TEST(TrainerCuda, AccumulatedClippedAdafactorStepsMatchTheCpuInFp32) {
+  compare_training<tg::fp32>(1e-3, 1e-2, adafactor_kind());
 }
 
 }  // namespace

@@ -4,8 +4,9 @@
 #     the GPU log the CPU's losses within tolerance;
 #  2. a GPU checkpoint resumes on the CPU and a CPU checkpoint on the GPU (one file format), and the
 #     resumed runs continue with the uninterrupted run's losses within tolerance;
-#  3. --checkpoint blocks, sampling and evaluation run on the GPU; --optimizer sgd and lamb with
-#     --device cuda are clear errors.
+#  3. --checkpoint blocks, sampling and evaluation run on the GPU;
+#  4. --optimizer sgd, lamb and adafactor on the GPU log the CPU's losses within tolerance, and a LAMB run
+#     checkpointed on the GPU resumes on the CPU (and an Adafactor one the other way) with the same losses.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -68,8 +69,24 @@ losses gpu_blocks.jsonl > gpu_blocks.txt
 losses gpu_fp32.jsonl > gpu_fp32_again.txt
 close gpu_fp32_again.txt gpu_blocks.txt 1e-4 1e-3
 grep -q "sample at step 3" gpu_blocks.out
-for bad in "--optimizer sgd" "--optimizer lamb"; do
-  if "$T" "${C[@]}" --device cuda $bad > bad.out 2> bad.err; then echo "FAIL: --device cuda $bad trained"; exit 1; fi
-  grep -q "train_gpt: error: --device cuda: " bad.err
+echo "3. --checkpoint blocks and samples"
+
+for opt in sgd lamb adafactor; do
+  "$T" "${C[@]}" --optimizer $opt --device cpu --log cpu_$opt.jsonl > cpu_$opt.out
+  "$T" "${C[@]}" --optimizer $opt --device cuda --log gpu_$opt.jsonl > gpu_$opt.out
+  losses cpu_$opt.jsonl > cpu_$opt.txt
+  losses gpu_$opt.jsonl > gpu_$opt.txt
+  close cpu_$opt.txt gpu_$opt.txt 1e-3 1e-2
 done
-echo "3. --checkpoint blocks, samples and the unsupported flags"
+"$T" "${C[@]}" --optimizer lamb --device cuda --save-dir lamb_ckpt --save-every 3 --keep 0 > lamb_gpu_full.out
+"$T" "${C[@]}" --optimizer lamb --device cpu --resume lamb_ckpt/ckpt-00000003.safetensors --log lamb_cpu_resumed.jsonl > lamb_cpu_resumed.out
+grep -q "resumed from lamb_ckpt/ckpt-00000003.safetensors at step 3" lamb_cpu_resumed.out
+losses gpu_lamb.jsonl | sed -n '4,6p' > lamb_gpu_tail.txt
+losses lamb_cpu_resumed.jsonl > lamb_cpu_resumed.txt
+close lamb_gpu_tail.txt lamb_cpu_resumed.txt 1e-3 1e-2
+"$T" "${C[@]}" --optimizer adafactor --device cpu --save-dir af_ckpt --save-every 3 --keep 0 > af_cpu_full.out
+"$T" "${C[@]}" --optimizer adafactor --device cuda --resume af_ckpt/ckpt-00000003.safetensors --log af_gpu_resumed.jsonl > af_gpu_resumed.out
+losses cpu_adafactor.jsonl | sed -n '4,6p' > af_cpu_tail.txt
+losses af_gpu_resumed.jsonl > af_gpu_resumed.txt
+close af_cpu_tail.txt af_gpu_resumed.txt 1e-3 1e-2
+echo "4. sgd, lamb and adafactor on the GPU match the CPU, and their checkpoints move between the devices"

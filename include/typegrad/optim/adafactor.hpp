@@ -40,48 +40,64 @@ struct AdafactorOptions {
 //   X_t  = X_{t−1} − α_t·λ·X_{t−1} − α_t·Û_t
 // RMS(x) = sqrt(mean(x²)), accumulated in fp64. Memory: n + m floats for a matrix instead of n·m.
 // State: "<name>.exp_avg_sq_row" [n] and ".exp_avg_sq_col" [m], or ".exp_avg_sq"; ".exp_avg" when β1 > 0.
+/// Whether Adafactor factors the second moment of a parameter of `shape` (2-D and up), and its [rows, cols] view.
+inline bool adafactor_factored(const Shape& shape) { return shape.size() >= 2; }
+inline std::int64_t adafactor_cols(const Shape& shape) { return shape.back(); }
+inline std::int64_t adafactor_rows(const Shape& shape) {
+  return adafactor_cols(shape) == 0 ? 0 : shape.numel() / adafactor_cols(shape);
+}
+/// The state kept for a parameter of `shape` (Adafactor and DeviceAdafactor).
+inline std::vector<SlotSpec> adafactor_slots(const AdafactorOptions& o, const Shape& shape) {
+  std::vector<SlotSpec> s;
+  if (adafactor_factored(shape)) {
+    s.push_back({"exp_avg_sq_row", Shape{adafactor_rows(shape)}});
+    s.push_back({"exp_avg_sq_col", Shape{adafactor_cols(shape)}});
+  } else {
+    s.push_back({"exp_avg_sq", shape});
+  }
+  if (o.beta1 > 0) s.push_back({"exp_avg", shape});
+  return s;
+}
+/// The per-step scalars of one parameter at its step t >= 1 with the group's lr and weight decay.
+inline backend::cpu::AdafactorScalars adafactor_scalars(const AdafactorOptions& o, float lr, float weight_decay,
+                                                        std::int64_t step) {
+  const double t = static_cast<double>(step);
+  backend::cpu::AdafactorScalars s;
+  s.rho = o.relative_step ? std::min(static_cast<double>(lr), 1.0 / std::sqrt(t)) : lr;
+  s.scale_parameter = o.scale_parameter;
+  s.beta2 = 1.0 - std::pow(t, -static_cast<double>(o.decay_rate));
+  s.eps1 = o.eps1;
+  s.eps2 = o.eps2;
+  s.clip_threshold = o.clip_threshold;
+  s.beta1 = o.beta1;
+  s.weight_decay = weight_decay;
+  return s;
+}
+/// The constructor checks shared by Adafactor and DeviceAdafactor.
+inline void check_adafactor_options(const AdafactorOptions& o, const char* who) {
+  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, who, ": beta1 must be in [0, 1), got ", o.beta1);
+  TG_CHECK(o.clip_threshold > 0, who, ": clip_threshold must be > 0, got ", o.clip_threshold);
+}
+
 class Adafactor final : public Optimizer {
  public:
   Adafactor(std::vector<ParamGroup> groups, AdafactorOptions o)
       : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
-    TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, "Adafactor: beta1 must be in [0, 1), got ", o.beta1);
-    TG_CHECK(o.clip_threshold > 0, "Adafactor: clip_threshold must be > 0, got ", o.clip_threshold);
+    check_adafactor_options(o, "Adafactor");
   }
   Adafactor(std::vector<Param> params, AdafactorOptions o) : Adafactor(one_group(std::move(params)), o) {}
   const char* name() const override { return "Adafactor"; }
 
  protected:
-  static bool factored(const Param& p) { return p.tensor.dim() >= 2; }
-  static std::int64_t cols_of(const Param& p) { return p.tensor.shape().back(); }
-  static std::int64_t rows_of(const Param& p) { return cols_of(p) == 0 ? 0 : p.tensor.numel() / cols_of(p); }
-
-  std::vector<SlotSpec> slots(const Param& p) const override {
-    std::vector<SlotSpec> s;
-    if (factored(p)) {
-      s.push_back({"exp_avg_sq_row", Shape{rows_of(p)}});
-      s.push_back({"exp_avg_sq_col", Shape{cols_of(p)}});
-    } else {
-      s.push_back({"exp_avg_sq", p.tensor.shape()});
-    }
-    if (o_.beta1 > 0) s.push_back({"exp_avg", p.tensor.shape()});
-    return s;
-  }
+  std::vector<SlotSpec> slots(const Param& p) const override { return adafactor_slots(o_, p.tensor.shape()); }
   void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
     if (p.tensor.numel() == 0) return;
-    const double t = static_cast<double>(st.step);
-    backend::cpu::AdafactorScalars s;
-    s.rho = o_.relative_step ? std::min(static_cast<double>(g.lr), 1.0 / std::sqrt(t)) : g.lr;
-    s.scale_parameter = o_.scale_parameter;
-    s.beta2 = 1.0 - std::pow(t, -static_cast<double>(o_.decay_rate));
-    s.eps1 = o_.eps1;
-    s.eps2 = o_.eps2;
-    s.clip_threshold = o_.clip_threshold;
-    s.beta1 = o_.beta1;
-    s.weight_decay = g.weight_decay;
+    const auto s = adafactor_scalars(o_, g.lr, g.weight_decay, st.step);
     fp32* m = o_.beta1 > 0 ? st.slots.back().data() : nullptr;
-    if (factored(p))
+    const Shape& shape = p.tensor.shape();
+    if (adafactor_factored(shape))
       backend::cpu::adafactor_step_factored<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(),
-                                                  st.slots[1].data(), m, rows_of(p), cols_of(p), s);
+                                                  st.slots[1].data(), m, adafactor_rows(shape), adafactor_cols(shape), s);
     else
       backend::cpu::adafactor_step_full<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(), m,
                                               p.tensor.numel(), s);

@@ -33,6 +33,16 @@ struct AdamWOptions {
 //   v_t = β2·v_{t−1} + (1 − β2)·g²
 //   p   = p − (η / (1 − β1^t)) · m_t / (sqrt(v_t) / sqrt(1 − β2^t) + ε)
 // State: "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v); t is the parameter's own step count.
+/// The state kept for a parameter of `shape` (Adam, AdamW and DeviceAdam).
+inline std::vector<SlotSpec> adam_slots(const Shape& shape) { return {{"exp_avg", shape}, {"exp_avg_sq", shape}}; }
+/// The constructor checks shared by Adam, AdamW and DeviceAdam.
+inline void check_adam_options(float lr, float beta1, float beta2, float eps, const char* who) {
+  TG_CHECK(lr >= 0, who, ": lr must be >= 0, got ", lr);
+  TG_CHECK(beta1 >= 0 && beta1 < 1, who, ": beta1 must be in [0, 1), got ", beta1);
+  TG_CHECK(beta2 >= 0 && beta2 < 1, who, ": beta2 must be in [0, 1), got ", beta2);
+  TG_CHECK(eps >= 0, who, ": eps must be >= 0, got ", eps);
+}
+
 template <bool Decoupled>
 class AdamBase : public Optimizer {
  public:
@@ -43,14 +53,9 @@ class AdamBase : public Optimizer {
 
  protected:
   AdamBase(std::vector<ParamGroup> groups, Hyper h) : Optimizer(std::move(groups), h.lr, h.weight_decay), h_(h) {
-    TG_CHECK(h.lr >= 0, name(), ": lr must be >= 0, got ", h.lr);
-    TG_CHECK(h.beta1 >= 0 && h.beta1 < 1, name(), ": beta1 must be in [0, 1), got ", h.beta1);
-    TG_CHECK(h.beta2 >= 0 && h.beta2 < 1, name(), ": beta2 must be in [0, 1), got ", h.beta2);
-    TG_CHECK(h.eps >= 0, name(), ": eps must be >= 0, got ", h.eps);
+    check_adam_options(h.lr, h.beta1, h.beta2, h.eps, name());
   }
-  std::vector<SlotSpec> slots(const Param& p) const override {
-    return {{"exp_avg", p.tensor.shape()}, {"exp_avg_sq", p.tensor.shape()}};
-  }
+  std::vector<SlotSpec> slots(const Param& p) const override { return adam_slots(p.tensor.shape()); }
   void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
     backend::cpu::AdamScalars s;
     s.lr = g.lr;

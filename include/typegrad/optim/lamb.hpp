@@ -26,11 +26,18 @@ struct LambOptions {
 //   p   = p − η·r·u
 // The kernel makes two passes (the trust ratio needs ‖u‖ before any element moves): the first updates
 // m, v and the norms, the second recomputes u and applies it. State: "<name>.exp_avg", "<name>.exp_avg_sq".
+/// The state kept for a parameter of `shape` (Lamb and DeviceLamb).
+inline std::vector<SlotSpec> lamb_slots(const Shape& shape) { return {{"exp_avg", shape}, {"exp_avg_sq", shape}}; }
+/// The constructor checks shared by Lamb and DeviceLamb.
+inline void check_lamb_options(const LambOptions& o, const char* who) {
+  TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, who, ": betas must be in [0, 1), got ",
+           o.beta1, ", ", o.beta2);
+}
+
 class Lamb final : public Optimizer {
  public:
   Lamb(std::vector<ParamGroup> groups, LambOptions o) : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
-    TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Lamb: betas must be in [0, 1), got ",
-             o.beta1, ", ", o.beta2);
+    check_lamb_options(o, "Lamb");
   }
   Lamb(std::vector<Param> params, LambOptions o) : Lamb(one_group(std::move(params)), o) {}
   const char* name() const override { return "Lamb"; }
@@ -41,9 +48,7 @@ class Lamb final : public Optimizer {
   }
 
  protected:
-  std::vector<SlotSpec> slots(const Param& p) const override {
-    return {{"exp_avg", p.tensor.shape()}, {"exp_avg_sq", p.tensor.shape()}};
-  }
+  std::vector<SlotSpec> slots(const Param& p) const override { return lamb_slots(p.tensor.shape()); }
   void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
     backend::cpu::LambScalars s;
     s.lr = g.lr;

@@ -25,24 +25,31 @@ struct SgdOptions {
 //   d   = d + μ·b_t  (Nesterov)  or  d = b_t
 //   p   = p − η·d                                   (η = lr)
 // State: "<name>.momentum_buffer" when μ ≠ 0. Nesterov needs μ > 0 and τ = 0 (checked, as PyTorch does).
+/// The state kept for a parameter of `shape` (Sgd and DeviceSgd): the momentum buffer when μ ≠ 0.
+inline std::vector<SlotSpec> sgd_slots(const SgdOptions& o, const Shape& shape) {
+  if (o.momentum == 0.f) return {};
+  return {{"momentum_buffer", shape}};
+}
+/// The constructor checks shared by Sgd and DeviceSgd.
+inline void check_sgd_options(const SgdOptions& o, const char* who) {
+  TG_CHECK(o.lr >= 0, who, ": lr must be >= 0, got ", o.lr);
+  TG_CHECK(o.momentum >= 0, who, ": momentum must be >= 0, got ", o.momentum);
+  TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), who,
+           ": Nesterov momentum needs momentum > 0 and dampening = 0, got momentum ", o.momentum, ", dampening ",
+           o.dampening);
+}
+
 class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<ParamGroup> groups, SgdOptions o) : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
-    TG_CHECK(o.lr >= 0, "Sgd: lr must be >= 0, got ", o.lr);
-    TG_CHECK(o.momentum >= 0, "Sgd: momentum must be >= 0, got ", o.momentum);
-    TG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-             "Sgd: Nesterov momentum needs momentum > 0 and dampening = 0, got momentum ", o.momentum,
-             ", dampening ", o.dampening);
+    check_sgd_options(o, "Sgd");
   }
   Sgd(std::vector<Param> params, SgdOptions o) : Sgd(one_group(std::move(params)), o) {}
   const char* name() const override { return "Sgd"; }
   const SgdOptions& options() const { return o_; }
 
  protected:
-  std::vector<SlotSpec> slots(const Param& p) const override {
-    if (o_.momentum == 0.f) return {};
-    return {{"momentum_buffer", p.tensor.shape()}};
-  }
+  std::vector<SlotSpec> slots(const Param& p) const override { return sgd_slots(o_, p.tensor.shape()); }
   void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
     backend::cpu::SgdScalars s;
     s.lr = g.lr;

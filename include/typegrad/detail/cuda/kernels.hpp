@@ -147,6 +147,24 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
                              const AdafactorScalars& s);
 template <class T>
 void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s);
+// Multi-tensor SGD and LAMB (backends/cuda/optim.cu): one launch (LAMB: two, with one read-back between)
+// for every tensor of a group sharing the scalars, chunked as adam_step_multi is.
+/// One parameter of a multi-tensor SGD launch; `buf` (the momentum buffer) may be null without momentum.
+struct SgdTensor {
+  float* p;
+  const float* g;
+  float* buf;
+  std::int64_t n;
+};
+/// torch.optim.SGD over `count` tensors in one launch: each element runs math::sgd_update, the CPU loop's body.
+void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s);
+/// One parameter of a multi-tensor LAMB step (m, v: its moments).
+using LambTensor = AdamTensor;
+/// LAMB over `count` tensors: launch 1 updates the moments and writes per-chunk fp64 sums of p² and u²
+/// (u = math::lamb_direction); the host adds them per tensor in chunk order (deterministic) and takes each
+/// tensor's trust ratio with cpu::lamb_trust_ratio; launch 2 applies p -= lr·trust·u. Writes the ratios to
+/// `trust_ratios` (count entries, host memory) when it is not null. Synchronizes (the read-back).
+void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s, double* trust_ratios);
 
 /// The loss scaler's unscale: grads[i][j] *= inv_scale over every tensor in one launch; returns whether
 /// any element was inf or NaN (one 4-byte read back, so it synchronizes).

@@ -1,0 +1,41 @@
+// How a multi-tensor launch cuts its tensors into chunks, and how per-chunk partial sums become per-tensor
+// sums, in plain C++ (no CUDA headers) so the CPU tests check it. Private to the backend (backends/cuda/
+// optim.cu); tests/cuda/test_cuda_optim.cpp.
+//   const auto chunks = chunk_table(count, sizes);              // block b of the launch handles chunks[b]
+//   const auto sums = sum_by_tensor<2>(chunks, partials, count);  // partials[b * 2 + j] -> sums[t][j]
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace tg::backend::cuda::detail {
+
+/// Elements per chunk: one block's share of a multi-tensor launch.
+constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+
+/// Chunk b of a launch: elements [start, min(start + kChunk, n)) of tensor `tensor`.
+struct Chunk {
+  std::int32_t tensor;
+  std::int64_t start;
+};
+
+/// Every tensor's chunks in tensor order, then start order (an empty tensor has none).
+inline std::vector<Chunk> chunk_table(int count, const std::int64_t* sizes) {
+  std::vector<Chunk> out;
+  for (int t = 0; t < count; ++t)
+    for (std::int64_t s = 0; s < sizes[t]; s += kChunk) out.push_back({t, s});
+  return out;
+}
+
+/// K fp64 partial sums per chunk (partials[b * K + j]) added per tensor in chunk order: a fixed order, so
+/// the sums are deterministic. A tensor without chunks sums to 0.
+template <int K>
+std::vector<std::array<double, K>> sum_by_tensor(const std::vector<Chunk>& chunks, const double* partials, int count) {
+  std::vector<std::array<double, K>> out(static_cast<std::size_t>(count < 0 ? 0 : count), std::array<double, K>{});
+  for (std::size_t b = 0; b < chunks.size(); ++b)
+    for (int j = 0; j < K; ++j) out[static_cast<std::size_t>(chunks[b].tensor)][j] += partials[b * K + j];
+  return out;
+}
+
+}  // namespace tg::backend::cuda::detail
