@@ -117,7 +117,7 @@ void adam_step_multi(const AdamTensor* tensors, int count, double lr, double bet
   detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(AdamTensor)), wc(chunks.size() * sizeof(Chunk));
   const AdamTensor* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
-  adam_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(
+  adam_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(
       dt, dc, static_cast<std::int64_t>(chunks.size()),
       math::adam_consts<float>(lr, beta1, beta2, eps, weight_decay, decoupled, step));
   TG_CUDA_LAUNCHED();
@@ -138,8 +138,8 @@ void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s) {
   const SgdTensor* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
   const auto n_chunks = static_cast<std::int64_t>(chunks.size());
-  if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c);
-  else sgd_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c);
+  if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c);
+  else sgd_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c);
   TG_CUDA_LAUNCHED();
 }
 
@@ -156,9 +156,9 @@ void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s,
   const LambTensor* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
   if (n_chunks > 0) {
-    lamb_moments_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c, wp.as<double>());
+    lamb_moments_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, wp.as<double>());
     TG_CUDA_LAUNCHED();
-    TG_CUDA_CHECK(cudaMemcpy(partials.data(), wp.as<double>(), partials.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    detail::download(partials.data(), wp.as<double>(), static_cast<std::int64_t>(partials.size()));
   }
   const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
   std::vector<float> scales(static_cast<std::size_t>(count));
@@ -169,7 +169,7 @@ void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s,
   }
   if (n_chunks == 0) return;
   const float* dscales = detail::upload(ws, scales.data(), count);
-  lamb_apply_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(dt, dc, n_chunks, c, dscales);
+  lamb_apply_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, dscales);
   TG_CUDA_LAUNCHED();
 }
 
@@ -182,12 +182,12 @@ bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count
   float* const* dg = detail::upload(wg, grads, count);
   const std::int64_t* ds = detail::upload(ws, sizes, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
-  TG_CUDA_CHECK(cudaMemsetAsync(wf.as<int>(), 0, sizeof(int)));
-  unscale_kernel<<<blocks_for(chunks.size()), detail::kThreads>>>(dg, ds, dc, static_cast<std::int64_t>(chunks.size()),
+  TG_CUDA_CHECK(cudaMemsetAsync(wf.as<int>(), 0, sizeof(int), detail::stream()));
+  unscale_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dg, ds, dc, static_cast<std::int64_t>(chunks.size()),
                                                                   inv_scale, wf.as<int>());
   TG_CUDA_LAUNCHED();
   int found = 0;
-  TG_CUDA_CHECK(cudaMemcpy(&found, wf.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
+  detail::download(&found, wf.as<int>(), 1);
   return found != 0;
 }
 

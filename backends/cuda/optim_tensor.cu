@@ -23,7 +23,7 @@ unsigned reduce_blocks(std::int64_t n) { return std::min<unsigned>(detail::grid_
 template <int K>
 std::array<double, K> sum_partials(const detail::Workspace& ws, unsigned blocks) {
   std::vector<double> host(static_cast<std::size_t>(blocks) * K);
-  TG_CUDA_CHECK(cudaMemcpy(host.data(), ws.as<double>(), host.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  detail::download(host.data(), ws.as<double>(), static_cast<std::int64_t>(host.size()));
   std::array<double, K> out{};
   for (unsigned b = 0; b < blocks; ++b)
     for (int j = 0; j < K; ++j) out[j] += host[static_cast<std::size_t>(b) * K + j];
@@ -134,12 +134,12 @@ void adafactor_finish(float* p, const float* g, const SecondMoment& sm, float* m
                       const AdafactorScalars& s) {
   const unsigned blocks = reduce_blocks(n);
   detail::Workspace partials(static_cast<std::size_t>(blocks) * 2 * sizeof(double));
-  adafactor_norms_kernel<<<blocks, detail::kThreads>>>(p, g, sm, n, partials.as<double>());
+  adafactor_norms_kernel<<<blocks, detail::kThreads, 0, detail::stream()>>>(p, g, sm, n, partials.as<double>());
   TG_CUDA_LAUNCHED();
   const auto sums = sum_partials<2>(partials, blocks);
   const cpu::AdafactorApply a = cpu::adafactor_apply(s, sums[0], sums[1], n);
   const bool use_m = s.beta1 != 0.0 && m != nullptr;
-  adafactor_apply_kernel<<<detail::grid_for(n), detail::kThreads>>>(
+  adafactor_apply_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(
       p, g, sm, use_m ? m : nullptr, n, static_cast<float>(a.alpha), static_cast<float>(1.0 / a.clip_div),
       static_cast<float>(s.weight_decay), static_cast<float>(s.beta1), static_cast<float>(1.0 - s.beta1));
   TG_CUDA_LAUNCHED();
@@ -152,8 +152,8 @@ void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::sgd_step: fp32 masters only");
   if (n <= 0) return;
   const auto c = math::sgd_consts<float>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
-  if (c.use_mom) sgd_kernel<true><<<detail::grid_for(n), detail::kThreads>>>(p, g, buf, n, c);
-  else sgd_kernel<false><<<detail::grid_for(n), detail::kThreads>>>(p, g, nullptr, n, c);
+  if (c.use_mom) sgd_kernel<true><<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(p, g, buf, n, c);
+  else sgd_kernel<false><<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(p, g, nullptr, n, c);
   TG_CUDA_LAUNCHED();
 }
 
@@ -164,11 +164,11 @@ double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars
   const auto c = math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
   const unsigned blocks = reduce_blocks(n);
   detail::Workspace partials(static_cast<std::size_t>(blocks) * 2 * sizeof(double));
-  lamb_moments_kernel<<<blocks, detail::kThreads>>>(p, g, m, v, n, c, partials.as<double>());
+  lamb_moments_kernel<<<blocks, detail::kThreads, 0, detail::stream()>>>(p, g, m, v, n, c, partials.as<double>());
   TG_CUDA_LAUNCHED();
   const auto sums = sum_partials<2>(partials, blocks);
   const double trust = cpu::lamb_trust_ratio(sums[0], sums[1]);
-  lamb_apply_kernel<<<detail::grid_for(n), detail::kThreads>>>(p, m, v, n, c, static_cast<float>(s.lr * trust));
+  lamb_apply_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(p, m, v, n, c, static_cast<float>(s.lr * trust));
   TG_CUDA_LAUNCHED();
   return trust;
 }
@@ -178,13 +178,13 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
                              const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_factored: fp32 masters only");
   if (rows <= 0 || cols <= 0) return;
-  adafactor_rows_kernel<<<static_cast<unsigned>(rows), detail::row_threads(cols)>>>(g, r, cols, s.beta2, s.eps1);
+  adafactor_rows_kernel<<<static_cast<unsigned>(rows), detail::row_threads(cols), 0, detail::stream()>>>(g, r, cols, s.beta2, s.eps1);
   TG_CUDA_LAUNCHED();
-  adafactor_cols_kernel<<<detail::grid_for(cols), detail::kThreads>>>(g, c, rows, cols, s.beta2, s.eps1);
+  adafactor_cols_kernel<<<detail::grid_for(cols), detail::kThreads, 0, detail::stream()>>>(g, c, rows, cols, s.beta2, s.eps1);
   TG_CUDA_LAUNCHED();
   // sum R on the host, in row order (rows are few: one per output feature).
   std::vector<float> r_host(static_cast<std::size_t>(rows));
-  TG_CUDA_CHECK(cudaMemcpy(r_host.data(), r, r_host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  detail::download(r_host.data(), r, static_cast<std::int64_t>(r_host.size()));
   double r_total = 0;
   for (float x : r_host) r_total += static_cast<double>(x);
   const SecondMoment sm{r, c, nullptr, cols, static_cast<float>(1.0 / r_total)};
@@ -195,7 +195,7 @@ template <class T>
 void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_full: fp32 masters only");
   if (n <= 0) return;
-  adafactor_full_moment_kernel<<<detail::grid_for(n), detail::kThreads>>>(
+  adafactor_full_moment_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(
       g, v, n, static_cast<float>(s.beta2), static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1));
   TG_CUDA_LAUNCHED();
   const SecondMoment sm{nullptr, nullptr, v, 1, 1.f};
