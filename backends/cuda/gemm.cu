@@ -41,12 +41,18 @@ namespace {
 
 std::atomic<bool> g_allow_tf32{false};
 
-// ---- handles and workspace (one device, created on first use) -----------------------------------------
+// ---- handles and workspaces (one device, created on first use) ----------------------------------------
+// GEMMs run on the current stream (Note [CUDA streams], runtime.hpp). A cuBLAS workspace may be used by
+// one stream at a time, so each stream that has run a GEMM owns one: two streams never share scratch
+// memory while their GEMMs overlap. Workspaces live as long as the process (not in allocator stats); a
+// stream handle the driver reuses after a Stream is destroyed reuses its workspace, which is then idle.
 constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
 struct Blas {
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;
-  void* workspace = nullptr;
+  std::mutex blas_mutex;  // cublasSetStream/SetWorkspace + GemmEx on the shared cublasHandle_t
+  std::mutex workspace_mutex;
+  std::map<cudaStream_t, void*> workspaces;
 };
 Blas& blas() {
   static Blas b;
@@ -54,9 +60,15 @@ Blas& blas() {
   std::call_once(once, [] {
     TG_CUBLAS_CHECK(cublasLtCreate(&b.lt));
     TG_CUBLAS_CHECK(cublasCreate(&b.blas));
-    TG_CUDA_CHECK(cudaMalloc(&b.workspace, kLtWorkspace));  // lives as long as the process (not in allocator stats)
   });
   return b;
+}
+void* workspace_for(cudaStream_t stream) {
+  Blas& b = blas();
+  std::lock_guard<std::mutex> lock(b.workspace_mutex);
+  void*& ws = b.workspaces[stream];
+  if (!ws) TG_CUDA_CHECK(cudaMalloc(&ws, kLtWorkspace));
+  return ws;
 }
 
 template <class T>
@@ -130,17 +142,20 @@ template <class T, class TC>
 void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double beta, const T* bias = nullptr) {
   if (g.M == 0 || g.N == 0 || g.batch == 0) return;
   if (g.K == 0) {  // C = beta·C; only beta = 0 occurs here
+    const cudaStream_t stream = detail::stream();
     for (std::int64_t i = 0; i < g.batch; ++i)
       TG_CUDA_CHECK(cudaMemset2DAsync(c + i * g.sc, static_cast<std::size_t>(g.ldc) * sizeof(TC), 0,
-                                      static_cast<std::size_t>(g.N) * sizeof(TC), static_cast<std::size_t>(g.M)));
+                                      static_cast<std::size_t>(g.N) * sizeof(TC), static_cast<std::size_t>(g.M), stream));
     if (bias) {
-      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads>>>(c, reinterpret_cast<const TC*>(bias), g.M, g.N, g.ldc);
+      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads, 0, stream>>>(c, reinterpret_cast<const TC*>(bias),
+                                                                                        g.M, g.N, g.ldc);
       TG_CUDA_LAUNCHED();
     }
     return;
   }
   static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
   Blas& h = blas();
+  const cudaStream_t stream = detail::stream();
   const cudaDataType_t ab_type = cuda_type<T>(), c_type = cuda_type<TC>();
   const cublasComputeType_t ct = compute_type<T>();
   const bool dbl = std::is_same_v<T, double>;
@@ -212,8 +227,8 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
       store_algo(key, result, found);
     }
     if (found > 0)
-      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo, h.workspace,
-                                     kLtWorkspace, /*stream=*/0));
+      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo,
+                                     workspace_for(stream), kLtWorkspace, stream));
   } catch (...) {
     cleanup();
     throw;
@@ -221,7 +236,10 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   cleanup();
   if (found > 0) return;
 
-  TG_CUBLAS_CHECK(cublasSetWorkspace(h.blas, h.workspace, kLtWorkspace));
+  // The cuBLAS handle carries a stream and a workspace: set both, under a lock, for this call.
+  std::lock_guard<std::mutex> lock(h.blas_mutex);
+  TG_CUBLAS_CHECK(cublasSetStream(h.blas, stream));
+  TG_CUBLAS_CHECK(cublasSetWorkspace(h.blas, workspace_for(stream), kLtWorkspace));
   TG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h.blas, op1, op2, static_cast<int>(g.N), static_cast<int>(g.M),
                                              static_cast<int>(g.K), alpha_p, b, ab_type, static_cast<int>(g.ldb), g.sb, a,
                                              ab_type, static_cast<int>(g.lda), g.sa, beta_p, c, c_type,
@@ -229,8 +247,8 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
                                              CUBLAS_GEMM_DEFAULT));
   if (bias) {
     for (std::int64_t i = 0; i < g.batch; ++i) {
-      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads>>>(c + i * g.sc, reinterpret_cast<const TC*>(bias),
-                                                                              g.M, g.N, g.ldc);
+      add_bias_kernel<TC><<<detail::grid_for(g.M * g.N), detail::kThreads, 0, stream>>>(
+          c + i * g.sc, reinterpret_cast<const TC*>(bias), g.M, g.N, g.ldc);
       TG_CUDA_LAUNCHED();
     }
   }
@@ -347,7 +365,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* l
   g.M = Tn; g.N = Tn; g.K = hs; g.ta = Trans::N; g.lda = std::max<std::int64_t>(hs, 1); g.tb = Trans::T; g.ldb = g.lda;
   g.ldc = Tn; g.batch = BH; g.sa = Tn * hs; g.sb = Tn * hs; g.sc = tt;
   run_gemm<T, A>(g, q, k, s, scale, 0.0);
-  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn)>>>(s, p, lse, BH * Tn, Tn, causal, true);
+  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn), 0, detail::stream()>>>(s, p, lse, BH * Tn, Tn, causal, true);
   TG_CUDA_LAUNCHED();
   Gemm o;  // O = P·V: P [Tn,Tn] (N, ld Tn), V [Tn,hs] (N, ld hs)
   o.M = Tn; o.N = hs; o.K = Tn; o.ta = Trans::N; o.lda = Tn; o.tb = Trans::N; o.ldb = std::max<std::int64_t>(hs, 1);
@@ -373,7 +391,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   };
   // P again, from S = scale·QKᵀ and the saved lse
   run_gemm<T, A>(gemm(Tn, Tn, hs, Trans::N, lh, th, Trans::T, lh, th, Tn, tt), q, k, s, scale, 0.0);
-  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn)>>>(s, p, const_cast<A*>(lse), BH * Tn, Tn,
+  attention_probs_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(Tn), 0, detail::stream()>>>(s, p, const_cast<A*>(lse), BH * Tn, Tn,
                                                                               causal, false);
   TG_CUDA_LAUNCHED();
   // dV = Pᵀ·dO
@@ -381,7 +399,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   // dP = dO·Vᵀ (fp32, over S)
   run_gemm<T, A>(gemm(Tn, Tn, hs, Trans::N, lh, th, Trans::T, lh, th, Tn, tt), dout, v, s, 1.0, 0.0);
   // dS = scale·P∘(dP − D), over P
-  attention_dscores_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(std::max(Tn, hs))>>>(
+  attention_dscores_kernel<T><<<row_blocks(BH * Tn), detail::row_threads(std::max(Tn, hs)), 0, detail::stream()>>>(
       p, s, out, dout, BH * Tn, Tn, hs, static_cast<A>(scale));
   TG_CUDA_LAUNCHED();
   // dQ = dS·K, dK = dSᵀ·Q

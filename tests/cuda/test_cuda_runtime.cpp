@@ -96,6 +96,43 @@ TEST_F(CudaRuntime, OpsOnASideStreamGiveTheDefaultStreamsResults) {
   EXPECT_EQ(on_side, on_default);
 }
 
+/// linear with bias (the GEMM's bias path) and causal attention, forward and backward, on the current
+/// stream; returns the output and the input gradients, read back to the host.
+std::vector<std::vector<float>> linear_attention_step(const tg::Tensor<tg::bf16>& xh, const tg::Tensor<tg::bf16>& wh,
+                                                      const tg::Tensor<tg::bf16>& bh) {
+  auto x = xh.to<tg::cuda>().requires_grad_();
+  const auto w = wh.to<tg::cuda>(), b = bh.to<tg::cuda>();
+  const std::int64_t B = 2, H = 4, T = 48, hs = 16;
+  const auto qkv = tg::linear(x, w, b);  // [B, T, 3·H·hs]
+  auto head = [&](std::int64_t i) {
+    return qkv.narrow(2, i * H * hs, H * hs).reshape({B, T, H, hs}).transpose(1, 2);
+  };
+  const auto y = tg::causal_attention(head(0), head(1), head(2));
+  tg::sum((y * y).to<float>()).backward();
+  return {y.to<float>().to<tg::cpu>().to_vector(), x.grad().to<float>().to<tg::cpu>().to_vector()};
+}
+
+TEST_F(CudaRuntime, GemmsAndAttentionOnSideStreamsGiveTheDefaultStreamsResults) {
+  const auto x = tg::Tensor<float>::normal({2, 48, 64}).to<tg::bf16>();
+  const auto w = (tg::Tensor<float>::normal({3 * 64, 64}) * 0.125f).to<tg::bf16>();
+  const auto b = tg::Tensor<float>::normal({3 * 64}).to<tg::bf16>();
+  const auto on_default = linear_attention_step(x, w, b);
+  // Two streams, each with its own cuBLAS workspace, running the same step back to back without a
+  // synchronization between them: both must reproduce the default stream's values bit for bit.
+  cuda::Stream s1, s2;
+  std::vector<std::vector<float>> on_s1, on_s2;
+  {
+    cuda::StreamGuard on(s1);
+    on_s1 = linear_attention_step(x, w, b);
+  }
+  {
+    cuda::StreamGuard on(s2);
+    on_s2 = linear_attention_step(x, w, b);
+  }
+  EXPECT_EQ(on_s1, on_default);
+  EXPECT_EQ(on_s2, on_default);
+}
+
 TEST_F(CudaRuntime, AllocatorReusesABlockOnlyOnItsOwnStream) {
   auto& a = tg::allocator<tg::cuda>();
   cuda::Stream s1, s2;
