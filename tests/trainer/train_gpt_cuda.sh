@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_gpt --device cuda end to end on a GPU (skips with exit 77 without one):
-#  1. fp32, bf16 and fp16 (loss scaling): 6 optimizer steps (2 micro-batches each, clipping, warmup + cosine, dropout off) on
+#  1. fp32, bf16, fp16 (loss scaling) and tf32 (fp32 with TF32 GEMMs; the CPU runs fp32): 6 optimizer steps (2 micro-batches each, clipping, warmup + cosine, dropout off) on
 #     the GPU log the CPU's losses within tolerance;
 #  2. a GPU checkpoint resumes on the CPU and a CPU checkpoint on the GPU (one file format), and the
 #     resumed runs continue with the uninterrupted run's losses within tolerance;
@@ -39,7 +39,7 @@ for (sa, la), (sb, lb) in zip(a, b):
 print(f"{len(a)} steps agree")
 PY
 }
-for p in fp32 bf16 fp16; do
+for p in fp32 bf16 fp16 tf32; do
   "$T" "${C[@]}" --precision $p --device cpu --log cpu_$p.jsonl > cpu_$p.out
   "$T" "${C[@]}" --precision $p --device cuda --log gpu_$p.jsonl > gpu_$p.out
   grep -q "GPU: " gpu_$p.out
@@ -47,7 +47,8 @@ for p in fp32 bf16 fp16; do
   losses gpu_$p.jsonl > gpu_$p.txt
   if [ $p = fp32 ]; then close cpu_$p.txt gpu_$p.txt 1e-3 1e-2; else close cpu_$p.txt gpu_$p.txt 1e-2 3e-2; fi
 done
-echo "1. fp32, bf16 and fp16: GPU losses match the CPU's"
+grep -q "on the CPU this is the fp32 run" cpu_tf32.out
+echo "1. fp32, bf16, fp16 and tf32: GPU losses match the CPU's"
 
 "$T" "${C[@]}" --device cuda --save-dir gpu_ckpt --save-every 3 --keep 0 --log gpu_full.jsonl > gpu_full.out
 "$T" "${C[@]}" --device cpu --resume gpu_ckpt/ckpt-00000003.safetensors --log cpu_resumed.jsonl > cpu_resumed.out
