@@ -126,6 +126,7 @@ void adam_step_multi(const AdamTensor*, int, double, double, double, double, dou
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
 void sgd_step_multi(const SgdTensor*, int, const SgdScalars&) { no_backend("sgd_step_multi"); }
 void lamb_step_multi(const LambTensor*, int, const LambScalars&, double*) { no_backend("lamb_step_multi"); }
+void adafactor_step_multi(const AdafactorTensor*, int, const AdafactorScalars&) { no_backend("adafactor_step_multi"); }
 template <class T>
 void sgd_step(T*, const T*, T*, std::int64_t, const SgdScalars&) {
   no_backend("sgd_step");

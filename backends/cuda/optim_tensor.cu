@@ -1,5 +1,6 @@
 // Per-tensor SGD, LAMB and Adafactor kernels with the CPU backend's signatures (detail/cpu/optim_kernels.hpp),
-// so an optimizer dispatches them with TG_BACKEND like any op kernel. The element math is shared with the CPU
+// so an optimizer dispatches them with TG_BACKEND like any op kernel, and the multi-tensor Adafactor step
+// (the per-tensor Adafactor forms are its one-tensor case). The element math is shared with the CPU
 // loops (math::sgd_update, math::lamb_moments / lamb_direction; the Adafactor formula is written out as in
 // backends/cpu/optim.cpp), and the host-side scalars (LAMB's trust ratio, Adafactor's step size and clipping)
 // are the CPU's functions. Reductions are deterministic: each block writes its fp64 partial sum, and the host
@@ -10,10 +11,14 @@
 
 #include "common.cuh"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/cuda/multi_tensor.hpp"
 
 namespace tg::backend::cuda {
 
 namespace {
+
+using detail::Chunk;
+using detail::kChunk;
 
 constexpr unsigned kMaxReduceBlocks = 1024;
 
@@ -68,28 +73,12 @@ __global__ void lamb_apply_kernel(float* p, const float* m, const float* v, std:
   TG_GRID_STRIDE(i, n) p[i] = p[i] - scale * math::lamb_direction(p[i], m[i], v[i], c);
 }
 
-// ---- Adafactor ---------------------------------------------------------------------------------------------
-/// Row i (one block): r[i] = beta2 r[i] + (1 - beta2) sum_j (g_ij² + eps1).
-__global__ void adafactor_rows_kernel(const float* g, float* r, std::int64_t cols, double b2, double eps1) {
-  __shared__ double shm[32];
-  const float* gi = g + static_cast<std::int64_t>(blockIdx.x) * cols;
-  double acc = 0;
-  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += static_cast<double>(gi[j]) * gi[j] + eps1;
-  acc = detail::block_sum(acc, shm);
-  if (threadIdx.x == 0) r[blockIdx.x] = static_cast<float>(b2 * static_cast<double>(r[blockIdx.x]) + (1.0 - b2) * acc);
-}
-/// Column j (one thread; consecutive threads read consecutive columns of a row): c[j] likewise.
-__global__ void adafactor_cols_kernel(const float* g, float* c, std::int64_t rows, std::int64_t cols, double b2,
-                                      double eps1) {
-  TG_GRID_STRIDE(j, cols) {
-    double acc = 0;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const double x = g[i * cols + j];
-      acc += x * x + eps1;
-    }
-    c[j] = static_cast<float>(b2 * static_cast<double>(c[j]) + (1.0 - b2) * acc);
-  }
-}
+// ---- Adafactor (adafactor_step_multi; the per-tensor forms are one-tensor calls) ------------------------------
+// Items of all tensors are numbered in one range per launch (detail::prefix_starts; a tensor without items
+// of that kind has an empty share) and each block or thread finds its tensor with detail::owner_of. The
+// formulas are backends/cpu/optim.cpp's: fp64 row and column sums of g² + eps1, V̂ = R_i·(1/ΣR)·C_j in fp32,
+// U = g / sqrt(V̂), fp64 sums of U² and X² for the step size and clipping.
+
 /// The second-moment estimate of element k: factored R_i C_j / sum R, or the full v[k].
 struct SecondMoment {
   const float* r;
@@ -99,50 +88,104 @@ struct SecondMoment {
   float inv_total;
   __device__ float at(std::int64_t k) const { return v ? v[k] : (r[k / cols] * inv_total) * c[k % cols]; }
 };
-/// Per-block sums of U² (U = g / sqrt(V̂)) and X² into partials[2 b], [2 b + 1].
-__global__ void adafactor_norms_kernel(const float* p, const float* g, SecondMoment sm, std::int64_t n,
-                                       double* partials) {
-  __shared__ double shm[32];
-  double u_sq = 0, p_sq = 0;
-  TG_GRID_STRIDE(k, n) {
-    const float u = g[k] / sqrtf(sm.at(k));
-    u_sq += static_cast<double>(u) * u;
-    p_sq += static_cast<double>(p[k]) * p[k];
-  }
-  u_sq = detail::block_sum(u_sq, shm);
-  p_sq = detail::block_sum(p_sq, shm);
-  if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = u_sq;
-    partials[2 * blockIdx.x + 1] = p_sq;
-  }
-}
-__global__ void adafactor_apply_kernel(float* p, const float* g, SecondMoment sm, float* m, std::int64_t n, float alpha,
-                                       float inv_clip, float wd, float b1, float one_b1) {
-  TG_GRID_STRIDE(k, n) {
-    float upd = g[k] / sqrtf(sm.at(k)) * inv_clip;
-    if (m) upd = m[k] = b1 * m[k] + one_b1 * upd;
-    p[k] = p[k] - alpha * wd * p[k] - alpha * upd;
-  }
-}
-/// The full second moment's update: v = beta2 v + (1 - beta2) (g² + eps1).
-__global__ void adafactor_full_moment_kernel(const float* g, float* v, std::int64_t n, float b2, float one_b2, float eps1) {
-  TG_GRID_STRIDE(k, n) v[k] = b2 * v[k] + one_b2 * (g[k] * g[k] + eps1);
-}
 
-/// Norms, then the update (the shared tail of both Adafactor forms).
-void adafactor_finish(float* p, const float* g, const SecondMoment& sm, float* m, std::int64_t n,
-                      const AdafactorScalars& s) {
-  const unsigned blocks = reduce_blocks(n);
-  detail::Workspace partials(static_cast<std::size_t>(blocks) * 2 * sizeof(double));
-  adafactor_norms_kernel<<<blocks, detail::kThreads, 0, detail::stream()>>>(p, g, sm, n, partials.as<double>());
-  TG_CUDA_LAUNCHED();
-  const auto sums = sum_partials<2>(partials, blocks);
-  const cpu::AdafactorApply a = cpu::adafactor_apply(s, sums[0], sums[1], n);
-  const bool use_m = s.beta1 != 0.0 && m != nullptr;
-  adafactor_apply_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(
-      p, g, sm, use_m ? m : nullptr, n, static_cast<float>(a.alpha), static_cast<float>(1.0 / a.clip_div),
-      static_cast<float>(s.weight_decay), static_cast<float>(s.beta1), static_cast<float>(1.0 - s.beta1));
-  TG_CUDA_LAUNCHED();
+/// Global row `row` of the factored tensors (one block per row, grid-stride over rows).
+__global__ void adafactor_rows_multi_kernel(const AdafactorTensor* tensors, int count, const std::int64_t* row_starts,
+                                            double b2, double eps1) {
+  __shared__ double shm[32];
+  const std::int64_t total = row_starts[count];
+  for (std::int64_t row = blockIdx.x; row < total; row += gridDim.x) {  // uniform over the block
+    const int t = detail::owner_of(row_starts, count, row);
+    const AdafactorTensor x = tensors[t];
+    const std::int64_t i = row - row_starts[t];
+    const float* gi = x.g + i * x.cols;
+    double acc = 0;
+    for (std::int64_t j = threadIdx.x; j < x.cols; j += blockDim.x) acc += static_cast<double>(gi[j]) * gi[j] + eps1;
+    acc = detail::block_sum(acc, shm);
+    if (threadIdx.x == 0) x.r[i] = static_cast<float>(b2 * static_cast<double>(x.r[i]) + (1.0 - b2) * acc);
+  }
+}
+/// Global column `col` of the factored tensors (one thread per column, rows in order).
+__global__ void adafactor_cols_multi_kernel(const AdafactorTensor* tensors, int count, const std::int64_t* col_starts,
+                                            double b2, double eps1) {
+  TG_GRID_STRIDE(col, col_starts[count]) {
+    const int t = detail::owner_of(col_starts, count, col);
+    const AdafactorTensor x = tensors[t];
+    const std::int64_t j = col - col_starts[t];
+    double acc = 0;
+    for (std::int64_t i = 0; i < x.rows; ++i) {
+      const double gij = x.g[i * x.cols + j];
+      acc += gij * gij + eps1;
+    }
+    x.c[j] = static_cast<float>(b2 * static_cast<double>(x.c[j]) + (1.0 - b2) * acc);
+  }
+}
+/// The full second moments, over the chunks of the full tensors.
+__global__ void adafactor_full_moment_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks,
+                                                   std::int64_t n_chunks, float b2, float one_b2, float eps1) {
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    const AdafactorTensor x = tensors[chunks[b].tensor];
+    const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
+    for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x)
+      x.v[k] = b2 * x.v[k] + one_b2 * (x.g[k] * x.g[k] + eps1);
+  }
+}
+/// inv_total[t] = 1 / sum of tensor t's row statistics, summed in row order in fp64 (one thread per tensor,
+/// the CPU's order); 1 for a full tensor (unused there).
+__global__ void adafactor_row_totals_kernel(const AdafactorTensor* tensors, int count, float* inv_total) {
+  const int t = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  const AdafactorTensor x = tensors[t];
+  if (!x.r) {
+    inv_total[t] = 1.f;
+    return;
+  }
+  double total = 0;
+  for (std::int64_t i = 0; i < x.rows; ++i) total += static_cast<double>(x.r[i]);
+  inv_total[t] = static_cast<float>(1.0 / total);
+}
+__device__ SecondMoment second_moment_of(const AdafactorTensor& x, float inv_total) {
+  return {x.r, x.c, x.v, x.cols, inv_total};
+}
+/// Per-chunk sums of U² and X² into partials[2 b], [2 b + 1] (fixed block shape: deterministic).
+__global__ void adafactor_norms_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                             const float* inv_total, double* partials) {
+  __shared__ double shm[32];
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
+    const int t = chunks[b].tensor;
+    const AdafactorTensor x = tensors[t];
+    const SecondMoment sm = second_moment_of(x, inv_total[t]);
+    const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
+    double u_sq = 0, p_sq = 0;
+    for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x) {
+      const float u = x.g[k] / sqrtf(sm.at(k));
+      u_sq += static_cast<double>(u) * u;
+      p_sq += static_cast<double>(x.p[k]) * x.p[k];
+    }
+    u_sq = detail::block_sum(u_sq, shm);
+    p_sq = detail::block_sum(p_sq, shm);
+    if (threadIdx.x == 0) {
+      partials[2 * b] = u_sq;
+      partials[2 * b + 1] = p_sq;
+    }
+  }
+}
+/// The update with tensor t's step size alpha[t] and clipping 1 / clip_div as inv_clip[t].
+__global__ void adafactor_apply_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                             const float* inv_total, const float* alpha, const float* inv_clip, float wd,
+                                             bool use_m, float b1, float one_b1) {
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    const int t = chunks[b].tensor;
+    const AdafactorTensor x = tensors[t];
+    const SecondMoment sm = second_moment_of(x, inv_total[t]);
+    const float a = alpha[t], ic = inv_clip[t];
+    const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
+    for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x) {
+      float upd = x.g[k] / sqrtf(sm.at(k)) * ic;
+      if (use_m && x.m) upd = x.m[k] = b1 * x.m[k] + one_b1 * upd;  // beta1 == 0 or no m: no first moment
+      x.p[k] = x.p[k] - a * wd * x.p[k] - a * upd;
+    }
+  }
 }
 
 }  // namespace
@@ -178,28 +221,89 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
                              const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_factored: fp32 masters only");
   if (rows <= 0 || cols <= 0) return;
-  adafactor_rows_kernel<<<static_cast<unsigned>(rows), detail::row_threads(cols), 0, detail::stream()>>>(g, r, cols, s.beta2, s.eps1);
-  TG_CUDA_LAUNCHED();
-  adafactor_cols_kernel<<<detail::grid_for(cols), detail::kThreads, 0, detail::stream()>>>(g, c, rows, cols, s.beta2, s.eps1);
-  TG_CUDA_LAUNCHED();
-  // sum R on the host, in row order (rows are few: one per output feature).
-  std::vector<float> r_host(static_cast<std::size_t>(rows));
-  detail::download(r_host.data(), r, static_cast<std::int64_t>(r_host.size()));
-  double r_total = 0;
-  for (float x : r_host) r_total += static_cast<double>(x);
-  const SecondMoment sm{r, c, nullptr, cols, static_cast<float>(1.0 / r_total)};
-  adafactor_finish(p, g, sm, m, rows * cols, s);
+  const AdafactorTensor t{p, g, r, c, nullptr, m, rows, cols};
+  adafactor_step_multi(&t, 1, s);
 }
 
 template <class T>
 void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_full: fp32 masters only");
   if (n <= 0) return;
-  adafactor_full_moment_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(
-      g, v, n, static_cast<float>(s.beta2), static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1));
+  const AdafactorTensor t{p, g, nullptr, nullptr, v, m, 1, n};
+  adafactor_step_multi(&t, 1, s);
+}
+
+void adafactor_step_multi(const AdafactorTensor* tensors, int count, const AdafactorScalars& s) {
+  if (count <= 0) return;
+  const auto n = static_cast<std::size_t>(count);
+  std::vector<std::int64_t> rows(n, 0), cols(n, 0), full(n, 0), all(n, 0);
+  std::int64_t max_cols = 1;
+  for (std::size_t t = 0; t < n; ++t) {
+    const AdafactorTensor& x = tensors[t];
+    TG_CHECK(x.rows >= 0 && x.cols >= 0, "adafactor_step_multi: tensor ", t, " has shape [", x.rows, ", ", x.cols, "]");
+    TG_CHECK((x.v != nullptr) != (x.r != nullptr && x.c != nullptr) && (x.r == nullptr) == (x.c == nullptr),
+             "adafactor_step_multi: tensor ", t, " must have either r and c (factored) or v (full)");
+    all[t] = x.rows * x.cols;
+    if (x.v) {
+      full[t] = all[t];
+    } else if (all[t] > 0) {
+      rows[t] = x.rows;
+      cols[t] = x.cols;
+      max_cols = std::max(max_cols, x.cols);
+    }
+  }
+  const std::vector<Chunk> chunks = detail::chunk_table(count, all.data());
+  if (chunks.empty()) return;
+  const std::vector<Chunk> full_chunks = detail::chunk_table(count, full.data());
+  const std::vector<std::int64_t> row_starts = detail::prefix_starts(count, rows.data()),
+                                  col_starts = detail::prefix_starts(count, cols.data());
+  const auto n_chunks = static_cast<std::int64_t>(chunks.size()), n_full = static_cast<std::int64_t>(full_chunks.size());
+  detail::Workspace wt(n * sizeof(AdafactorTensor)), wr((n + 1) * sizeof(std::int64_t)), wc((n + 1) * sizeof(std::int64_t)),
+      wch(chunks.size() * sizeof(Chunk)), wfull(full_chunks.size() * sizeof(Chunk)), wtot(n * sizeof(float)),
+      wp(chunks.size() * 2 * sizeof(double)), wa(n * sizeof(float)), wi(n * sizeof(float));
+  const AdafactorTensor* dt = detail::upload(wt, tensors, count);
+  const std::int64_t* drows = detail::upload(wr, row_starts.data(), count + 1);
+  const std::int64_t* dcols = detail::upload(wc, col_starts.data(), count + 1);
+  const Chunk* dch = detail::upload(wch, chunks.data(), n_chunks);
+  const Chunk* dfull = detail::upload(wfull, full_chunks.data(), n_full);
+  const unsigned max_blocks = 65535u * 4u;
+  if (row_starts.back() > 0) {
+    adafactor_rows_multi_kernel<<<static_cast<unsigned>(std::min<std::int64_t>(row_starts.back(), max_blocks)),
+                                  detail::row_threads(max_cols), 0, detail::stream()>>>(dt, count, drows, s.beta2, s.eps1);
+    TG_CUDA_LAUNCHED();
+    adafactor_cols_multi_kernel<<<detail::grid_for(col_starts.back()), detail::kThreads, 0, detail::stream()>>>(
+        dt, count, dcols, s.beta2, s.eps1);
+    TG_CUDA_LAUNCHED();
+  }
+  if (n_full > 0) {
+    adafactor_full_moment_multi_kernel<<<static_cast<unsigned>(std::min<std::int64_t>(n_full, max_blocks)), detail::kThreads,
+                                         0, detail::stream()>>>(dt, dfull, n_full, static_cast<float>(s.beta2),
+                                                                static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1));
+    TG_CUDA_LAUNCHED();
+  }
+  adafactor_row_totals_kernel<<<static_cast<unsigned>((n + 127) / 128), 128, 0, detail::stream()>>>(dt, count, wtot.as<float>());
   TG_CUDA_LAUNCHED();
-  const SecondMoment sm{nullptr, nullptr, v, 1, 1.f};
-  adafactor_finish(p, g, sm, m, n, s);
+  const unsigned chunk_blocks = static_cast<unsigned>(std::min<std::int64_t>(n_chunks, max_blocks));
+  adafactor_norms_multi_kernel<<<chunk_blocks, detail::kThreads, 0, detail::stream()>>>(dt, dch, n_chunks, wtot.as<float>(),
+                                                                                         wp.as<double>());
+  TG_CUDA_LAUNCHED();
+  std::vector<double> partials(chunks.size() * 2);
+  detail::download(partials.data(), wp.as<double>(), static_cast<std::int64_t>(partials.size()));
+  const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
+  std::vector<float> alpha(n, 0.f), inv_clip(n, 1.f);
+  for (std::size_t t = 0; t < n; ++t) {
+    if (all[t] == 0) continue;
+    const cpu::AdafactorApply a = cpu::adafactor_apply(s, sums[t][0], sums[t][1], all[t]);
+    alpha[t] = static_cast<float>(a.alpha);
+    inv_clip[t] = static_cast<float>(1.0 / a.clip_div);
+  }
+  const float* dalpha = detail::upload(wa, alpha.data(), count);
+  const float* dclip = detail::upload(wi, inv_clip.data(), count);
+  const bool use_m = s.beta1 != 0.0;
+  adafactor_apply_multi_kernel<<<chunk_blocks, detail::kThreads, 0, detail::stream()>>>(
+      dt, dch, n_chunks, wtot.as<float>(), dalpha, dclip, static_cast<float>(s.weight_decay), use_m,
+      static_cast<float>(s.beta1), static_cast<float>(1.0 - s.beta1));
+  TG_CUDA_LAUNCHED();
 }
 
 template void sgd_step<float>(float*, const float*, float*, std::int64_t, const SgdScalars&);

@@ -188,6 +188,24 @@ TEST(MultiTensorChunks, CoverEveryElementOnceAndSumPerTensor) {
   EXPECT_EQ(sums[5][1], 0.0);
 }
 
+TEST(MultiTensorChunks, PrefixStartsAndOwnerOfNumberItemsAcrossTensors) {
+  namespace d = tg::backend::cuda::detail;
+  const std::vector<std::int64_t> rows = {0, 3, 0, 0, 1, 5, 0};  // empty tensors between, before and after
+  const auto starts = d::prefix_starts(static_cast<int>(rows.size()), rows.data());
+  EXPECT_EQ(starts, (std::vector<std::int64_t>{0, 0, 3, 3, 3, 4, 9, 9}));
+  std::vector<int> owners;
+  for (std::int64_t i = 0; i < starts.back(); ++i) owners.push_back(d::owner_of(starts.data(), static_cast<int>(rows.size()), i));
+  EXPECT_EQ(owners, (std::vector<int>{1, 1, 1, 4, 5, 5, 5, 5, 5}));
+  // every item's owner has it in its range, for many tensors of mixed sizes
+  std::vector<std::int64_t> sizes;
+  for (int t = 0; t < 97; ++t) sizes.push_back((t * 37) % 11 == 0 ? 0 : (t * 13) % 29 + 1);
+  const auto s2 = d::prefix_starts(static_cast<int>(sizes.size()), sizes.data());
+  for (std::int64_t i = 0; i < s2.back(); ++i) {
+    const int t = d::owner_of(s2.data(), static_cast<int>(sizes.size()), i);
+    ASSERT_TRUE(s2[static_cast<std::size_t>(t)] <= i && i < s2[static_cast<std::size_t>(t) + 1]) << "item " << i << " -> " << t;
+  }
+}
+
 class CudaOptim : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -458,6 +476,8 @@ TEST_F(CudaOptim, DeviceAdafactorMatchesAdafactor) {
   o.beta1 = 0.9f;
   o.weight_decay = 0.05f;
   compare_device_optimizer<tg::optim::Adafactor, tg::optim::DeviceAdafactor<tg::cuda>>(o, 0.05f);
+  // the defaults: relative steps with parameter scaling, no first moment (no m slot), no decay
+  compare_device_optimizer<tg::optim::Adafactor, tg::optim::DeviceAdafactor<tg::cuda>>(tg::optim::AdafactorOptions{}, 0.f);
 }
 
 }  // namespace

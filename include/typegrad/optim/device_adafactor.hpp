@@ -1,6 +1,7 @@
 // Adafactor over a model's parameters on any device (Note [Adafactor update], Note [device optimizers]):
-// its per-tensor kernels on either device (backend::cuda's read back a row total and two fp64 sums per
-// tensor, so a CUDA step synchronizes once per parameter); state under optim::Adafactor's names.
+// on CUDA one multi-tensor step per (decay, step count) group (backend::cuda::adafactor_step_multi: six
+// launches and one read-back of per-tensor fp64 sums for the group); the CPU kernel per tensor on the CPU;
+// state under optim::Adafactor's names.
 //   tg::optim::DeviceAdafactor<tg::cuda> opt(gpu_model.named_parameters(), {.lr = 1e-2f, .relative_step = false});
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
@@ -28,18 +29,36 @@ class DeviceAdafactor final : public DeviceOptimizer<D> {
  protected:
   std::vector<SlotSpec> slots(const Shape& shape) const override { return adafactor_slots(o_, shape); }
   void update(std::span<Entry* const> ready, float lr) override {
-    for (Entry* e : ready) {
-      if (e->numel() == 0) continue;
-      const auto s = adafactor_scalars(o_, lr, e->weight_decay, e->step);
-      fp32* p = e->param.tensor.data();
-      const fp32* g = e->grad.data();
-      fp32* m = o_.beta1 > 0 ? e->slots.back().data() : nullptr;
-      const Shape& shape = e->param.tensor.shape();
-      if (adafactor_factored(shape))
-        TG_BACKEND(D, adafactor_step_factored<fp32>(p, g, e->slot(0), e->slot(1), m, adafactor_rows(shape),
-                                                    adafactor_cols(shape), s));
-      else
-        TG_BACKEND(D, adafactor_step_full<fp32>(p, g, e->slot(0), m, e->numel(), s));
+    if constexpr (std::is_same_v<D, cpu>) {
+      for (Entry* e : ready) {
+        if (e->numel() == 0) continue;
+        const auto s = adafactor_scalars(o_, lr, e->weight_decay, e->step);
+        fp32* p = e->param.tensor.data();
+        const fp32* g = e->grad.data();
+        fp32* m = o_.beta1 > 0 ? e->slots.back().data() : nullptr;
+        const Shape& shape = e->param.tensor.shape();
+        if (adafactor_factored(shape))
+          backend::cpu::adafactor_step_factored<fp32>(p, g, e->slot(0), e->slot(1), m, adafactor_rows(shape),
+                                                      adafactor_cols(shape), s);
+        else
+          backend::cpu::adafactor_step_full<fp32>(p, g, e->slot(0), m, e->numel(), s);
+      }
+    } else {
+      for (auto& [key, list] : Base::group_by(ready, [](const Entry& e) { return std::pair{e.weight_decay, e.step}; })) {
+        const auto s = adafactor_scalars(o_, lr, key.first, key.second);
+        std::vector<backend::cuda::AdafactorTensor> tensors;
+        for (Entry* e : list) {
+          if (e->numel() == 0) continue;
+          const Shape& shape = e->param.tensor.shape();
+          fp32* m = o_.beta1 > 0 ? e->slots.back().data() : nullptr;
+          if (adafactor_factored(shape))
+            tensors.push_back({e->param.tensor.data(), e->grad.data(), e->slot(0), e->slot(1), nullptr, m,
+                               adafactor_rows(shape), adafactor_cols(shape)});
+          else
+            tensors.push_back({e->param.tensor.data(), e->grad.data(), nullptr, nullptr, e->slot(0), m, 1, e->numel()});
+        }
+        backend::cuda::adafactor_step_multi(tensors.data(), static_cast<int>(tensors.size()), s);
+      }
     }
   }
 

@@ -166,6 +166,27 @@ using LambTensor = AdamTensor;
 /// `trust_ratios` (count entries, host memory) when it is not null. Synchronizes (the read-back).
 void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s, double* trust_ratios);
 
+/// One parameter of a multi-tensor Adafactor step, viewed as [rows, cols] (adafactor_rows / _cols). A
+/// factored one has r (rows entries) and c (cols entries) and v == nullptr; a full one has v (rows·cols
+/// entries) and r == c == nullptr. m (the first moment) may be null when beta1 == 0.
+struct AdafactorTensor {
+  float* p;
+  const float* g;
+  float* r;
+  float* c;
+  float* v;
+  float* m;
+  std::int64_t rows, cols;
+};
+/// Adafactor over `count` tensors sharing the scalars (one decay group and step count): a row-statistics
+/// launch over every factored tensor's rows, a column launch, a full-moment launch, a launch that sums each
+/// tensor's row statistics in row order (fp64, one thread per tensor), a chunked launch writing per-chunk
+/// fp64 sums of U² and X², one read-back of those sums (added per tensor in chunk order), each tensor's step
+/// size and clipping by cpu::adafactor_apply on the host, and a chunked apply launch: 6 launches and one
+/// synchronization for the whole group, where the per-tensor kernels take 3-5 launches and 1-2 read-backs
+/// per tensor. The element formulas are the per-tensor kernels' (and the CPU's).
+void adafactor_step_multi(const AdafactorTensor* tensors, int count, const AdafactorScalars& s);
+
 /// The loss scaler's unscale: grads[i][j] *= inv_scale over every tensor in one launch; returns whether
 /// any element was inf or NaN (one 4-byte read back, so it synchronizes).
 bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count, float inv_scale);

@@ -3,11 +3,15 @@
 // optim.cu); tests/cuda/test_cuda_optim.cpp.
 //   const auto chunks = chunk_table(count, sizes);              // block b of the launch handles chunks[b]
 //   const auto sums = sum_by_tensor<2>(chunks, partials, count);  // partials[b * 2 + j] -> sums[t][j]
+//   const auto starts = prefix_starts(count, rows);             // rows of every tensor, numbered in one range
+//   const int t = owner_of(starts.data(), count, global_row);   // which tensor global_row belongs to
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <vector>
+
+#include "typegrad/detail/macros.hpp"
 
 namespace tg::backend::cuda::detail {
 
@@ -36,6 +40,26 @@ std::vector<std::array<double, K>> sum_by_tensor(const std::vector<Chunk>& chunk
   for (std::size_t b = 0; b < chunks.size(); ++b)
     for (int j = 0; j < K; ++j) out[static_cast<std::size_t>(chunks[b].tensor)][j] += partials[b * K + j];
   return out;
+}
+
+/// Numbers the items of `count` tensors (sizes[t] each: rows, columns ...) in one range: tensor t owns
+/// [starts[t], starts[t + 1]); starts has count + 1 entries, starts[count] is the total.
+inline std::vector<std::int64_t> prefix_starts(int count, const std::int64_t* sizes) {
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count < 0 ? 0 : count) + 1, 0);
+  for (int t = 0; t < count; ++t) starts[static_cast<std::size_t>(t) + 1] = starts[static_cast<std::size_t>(t)] + sizes[t];
+  return starts;
+}
+
+/// The tensor that owns item i of a prefix_starts range (0 <= i < starts[count]): the last t with
+/// starts[t] <= i, skipping tensors without items. Binary search; runs on the host and the device.
+TG_HOST_DEVICE inline int owner_of(const std::int64_t* starts, int count, std::int64_t i) {
+  int lo = 0, hi = count - 1;  // invariant: the owner is in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 }  // namespace tg::backend::cuda::detail
