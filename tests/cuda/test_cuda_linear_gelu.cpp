@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include <typegrad/nn/gpt.hpp>
 #include <typegrad/typegrad.hpp>
 
 namespace {
@@ -39,12 +40,12 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
-struct Run {
+struct Results {
   std::vector<double> y, dx, dw, db;
 };
 /// Forward and backward (upstream u) of the fused op or of the composite, on the GPU.
 template <class T>
-Run run(bool fused, const tg::Tensor<float>& xh, const tg::Tensor<float>& wh, const tg::Tensor<float>& bh,
+Results run_op(bool fused, const tg::Tensor<float>& xh, const tg::Tensor<float>& wh, const tg::Tensor<float>& bh,
         const tg::Tensor<float>& uh) {
   auto x = xh.to<T>().template to<tg::cuda>().requires_grad_();
   auto w = wh.to<T>().template to<tg::cuda>().requires_grad_();
@@ -66,9 +67,9 @@ TEST_F(CudaLinearGelu, Bf16GptShapeTakesTheEpilogueAndMatchesTheComposite) {
   const auto b = tg::Tensor<float>::normal({3072}, 0.f, 0.1f, gen);
   const auto u = tg::Tensor<float>::normal({4, 64, 3072}, 0.f, 1.f, gen);
   const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
-  const Run f = run<tg::bf16>(true, x, w, b, u);
+  const Results f = run_op<tg::bf16>(true, x, w, b, u);
   EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "the bf16 GPT-shaped call did not take the epilogue";
-  const Run c = run<tg::bf16>(false, x, w, b, u);
+  const Results c = run_op<tg::bf16>(false, x, w, b, u);
   EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "the composite must not count";
   EXPECT_LE(worst(f.y, c.y, 1e-2, 2e-2), 1.0) << "forward";
   EXPECT_LE(worst(f.dx, c.dx, 2e-2 * max_abs(c.dx), 0), 1.0) << "dx";
