@@ -145,12 +145,9 @@ OpEntry linear_gelu_tanh_entry() {
       .sample("epilogue_bias", {{{2, 5, 12}}, {{16, 12}}, {{16}}}, {}, {1})
       .sample("epilogue_no_bias", {{{6, 12}}, {{8, 12}}}, {}, {0});
   e.reference([](const X& x, const I&, const Sample& s) { return ref_linear_gelu_tanh(x, s.args[0] != 0); });
-  // Two roundings in a chain for 16-bit (the pre-activation, then the GELU output; gelu_tanh' <= 1.13
-  // carries the first), so twice the single-rounding tolerances.
-  e.tol.fwd[2] = {4e-2, 4e-2};
-  e.tol.fwd[3] = {8e-3, 8e-3};
-  e.tol.grad[2] = {8e-2, 8e-2};
-  e.tol.grad[3] = {1.6e-2, 1.6e-2};
+  // The default tolerances hold although 16-bit rounds twice in a chain (the pre-activation, then the GELU
+  // output; gelu_tanh' <= 1.13 carries the first). On the GPU the epilogue's GELU reads the fp32 sum
+  // instead: one rounding less than the CPU, well inside the CPU-vs-CUDA bound (twice these).
   e.error("inner", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 64, 768}), Tensor<float>::zeros({3072, 700}), Tensor<float>::zeros({3072})); },
           "linear_gelu_tanh: inner dimensions differ: x is [4,64,768], weight is [3072,700]");
   e.error("inner_no_bias", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 9})); },
