@@ -454,11 +454,50 @@ TEST(OpDb_linear_gelu_tanh_fused, EqualsCompositeBitwiseBf16) {
   check_linear_gelu_equals_composite<bf16>(false);
 }
 
+// Under SelectiveRecompute the op's GEMM output (the pre-activation) is kept and reused, and the recompute
+// runs only the GELU on it: gradients equal the plain run's bit for bit; RecomputeAll reruns the op.
+template <class Policy>
+void check_linear_gelu_checkpointed(std::int64_t kept) {
+  Generator gen(77);
+  const Tensor<float> x0 = Tensor<float>::normal({4, 6, 16}, 0.f, 1.f, gen), w0 = Tensor<float>::normal({24, 16}, 0.f, 0.4f, gen),
+                      b0 = Tensor<float>::normal({24}, 0.f, 0.3f, gen), u = Tensor<float>::normal({4, 6, 24}, 0.f, 1.f, gen);
+  auto run = [&](bool ck) {
+    Tensor<float> x = x0.clone().detach(), w = w0.clone().detach(), b = b0.clone().detach();
+    x.requires_grad_();
+    w.requires_grad_();
+    b.requires_grad_();
+    auto fn = [&](const Tensor<float>& t) { return tg::linear_gelu_tanh(t, w, b); };
+    const Tensor<float> y = ck ? tg::checkpoint<Policy>(fn, x) : fn(x);
+    y.backward(u);
+    return std::vector<std::vector<float>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
+  };
+  const auto plain = run(false);
+  autodiff::checkpoint_stats() = {};
+  const auto ck = run(true);
+  EXPECT_EQ(autodiff::checkpoint_stats().kept_outputs, kept);
+  EXPECT_EQ(autodiff::checkpoint_stats().reused_outputs, kept);
+  EXPECT_EQ(autodiff::checkpoint_stats().recomputes, 1);
+  for (std::size_t t = 0; t < plain.size(); ++t) EXPECT_EQ(ck[t], plain[t]) << "tensor " << t;
+}
+TEST(OpDb_linear_gelu_tanh_fused, SelectiveCheckpointKeepsThePreActivation) {
+  check_linear_gelu_checkpointed<SelectiveRecompute>(1);
+}
+TEST(OpDb_linear_gelu_tanh_fused, RecomputeAllRerunsTheOp) { check_linear_gelu_checkpointed<RecomputeAll>(0); }
+
 // One tape node, named for the op, saving x, W and the pre-activation (what linear and gelu_tanh saved).
+std::int64_t live_ops(const std::string& op) {
+  std::int64_t n = 0;
+  for (const auto& node : autodiff::current_tape().live_nodes()) n += op == node->op();
+  return n;
+}
 TEST(OpDb_linear_gelu_tanh_fused, RecordsOneNode) {
   Tensor<float> x = Tensor<float>::ones({2, 4}), w = Tensor<float>::ones({8, 4}), b = Tensor<float>::zeros({8});
   w.requires_grad_();
+  const std::int64_t fused0 = live_ops("linear_gelu_tanh"), linear0 = live_ops("linear"), gelu0 = live_ops("gelu_tanh");
   const Tensor<float> y = tg::linear_gelu_tanh(x, w, b);
+  EXPECT_EQ(live_ops("linear_gelu_tanh"), fused0 + 1);
+  EXPECT_EQ(live_ops("linear"), linear0);
+  EXPECT_EQ(live_ops("gelu_tanh"), gelu0);
   ASSERT_TRUE(y.requires_grad());
   EXPECT_EQ(y.shape(), (Shape{2, 8}));
   // gelu_tanh(4) for every element (x·wᵀ = 4)
