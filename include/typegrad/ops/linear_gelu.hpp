@@ -23,12 +23,13 @@ namespace tg {
 //   call for which the heuristic returns no algorithm (and fp64). The fallback is the composite's kernels
 //   (GEMM with the bias epilogue, then the gelu_tanh kernel), never another formula.
 //   backend::cuda::gelu_epilogue_calls() counts the calls that took the epilogue.
-// * cuBLASLt's GELU is the tanh approximation 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))): cublasLt.h names it
-//   only "GELU", but PyTorch's reference decomposition of its cuBLASLt-backed _addmm_activation(use_gelu)
-//   is gelu(approximate="tanh") on CUDA (torch/_decomp/decompositions.py), and the GPU test
-//   CudaLinearGelu.EpilogueIsTanhGelu checks it against gelu_tanh and the exact GELU in fp32. The fused
-//   GPU result differs from the composite only by rounding: the GELU reads the fp32 sum instead of the
-//   T-rounded pre, and cuBLASLt's own tanh evaluation (fp32: ~1e-6 relative; bf16: one bf16 step).
+// * cuBLASLt's GELU is the tanh approximation 0.5x(1 + tanh(√(2/π)(x + 0.044715x³))), GPT-2's: cublasLt.h
+//   names it only "GELU", but PyTorch's reference decomposition of its cuBLASLt-backed
+//   _addmm_activation(use_gelu=True) is gelu(approximate="tanh") on CUDA (torch/_decomp/decompositions.py),
+//   and the GPU test CudaLinearGelu.EpilogueIsTanhGelu tells the two forms apart in fp32 (they differ by
+//   up to ~5e-4). The GPU code was written without a GPU; that test is its first check (docs/cuda.md).
+//   The fused GPU result differs from the composite by rounding only: the GELU reads the fp32 sum rather
+//   than the pre-activation rounded to T, and cuBLASLt evaluates tanh its own way.
 //
 // Backward (both devices): dpre = dy · gelu_tanh'(pre) by unary_backward with math::Unary::gelu_tanh, the
 // kernel gelu_tanh's own backward runs (math::gelu_tanh_grad, TG_HOST_DEVICE, shared by the CPU and CUDA
