@@ -175,11 +175,25 @@ void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, 
   }
 }
 
+template <class T>
+void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs,
+                              std::int64_t wcs, const T* bias, T* y, T* pre, std::int64_t M, std::int64_t N,
+                              std::int64_t K) {
+  // The composite's kernels in the composite's order (no GELU in the CPU GEMM's epilogue yet): the GELU
+  // reads the pre-activation as stored (rounded to T), as gelu_tanh(linear(x, w, b)) does.
+  linear_forward<T>(x, xrs, xcs, w, wrs, wcs, bias, pre, M, N, K);
+  if (M == 0 || N == 0) return;
+  unary_forward<T>(math::Unary::gelu_tanh, pre, Shape{N, 1}, y, Shape{M, N});
+}
+
 #define TG_INSTANTIATE(T)                                                                                        \
   template void matmul_strided<T>(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&, \
                                   std::int64_t, std::int64_t, std::int64_t);                                     \
   template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,     \
-                                  const T*, T*, std::int64_t, std::int64_t, std::int64_t);
+                                  const T*, T*, std::int64_t, std::int64_t, std::int64_t);                       \
+  template void linear_gelu_tanh_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t,         \
+                                            std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,           \
+                                            std::int64_t);
 TG_INSTANTIATE(fp64)
 TG_INSTANTIATE(fp32)
 TG_INSTANTIATE(fp16)

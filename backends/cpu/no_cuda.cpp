@@ -99,6 +99,7 @@ void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without C
   if (allow) no_backend("set_allow_tf32");
 }
 bool allow_tf32() { return false; }
+std::int64_t gelu_epilogue_calls() { return 0; }
 template <class T>
 void matmul_strided(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&, std::int64_t,
                     std::int64_t, std::int64_t) {
@@ -108,6 +109,11 @@ template <class T>
 void linear_forward(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t, const T*, T*,
                     std::int64_t, std::int64_t, std::int64_t) {
   no_backend("linear_forward");
+}
+template <class T>
+void linear_gelu_tanh_forward(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t, const T*, T*,
+                              T*, std::int64_t, std::int64_t, std::int64_t) {
+  no_backend("linear_gelu_tanh_forward");
 }
 template <class T>
 void attention_forward(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t, std::int64_t, double,
@@ -175,6 +181,9 @@ template void adafactor_step_full<float>(float*, const float*, float*, float*, s
                                   std::int64_t, std::int64_t, std::int64_t);                                      \
   template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,      \
                                   const T*, T*, std::int64_t, std::int64_t, std::int64_t);                        \
+  template void linear_gelu_tanh_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t,          \
+                                            std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,            \
+                                            std::int64_t);                                                        \
   template void attention_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t,    \
                                      std::int64_t, double, bool);                                                 \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const accum_t<T>*, T*, T*, \

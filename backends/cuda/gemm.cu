@@ -1,6 +1,7 @@
 // GEMMs on the GPU through cuBLASLt (cuBLAS's GemmEx when Lt offers no algorithm for a layout), for
-// matmul (batched, broadcast and reduced batch dims), linear (bias epilogue) and causal attention as a
-// composite: S = scale·QKᵀ (fp32 out), a masked-softmax kernel, O = P·V; backward recomputes P from lse.
+// matmul (batched, broadcast and reduced batch dims), linear (bias epilogue), linear + GELU (the GELU_AUX
+// epilogues, Note [fused linear + GELU] in ops/linear_gelu.hpp) and causal attention as a composite:
+// S = scale·QKᵀ (fp32 out), a masked-softmax kernel, O = P·V; backward recomputes P from lse.
 //
 // Note [row-major GEMMs on column-major cuBLAS]
 // typegrad's matrices are row-major. A row-major C[M,N] (row stride ldc) is the column-major C'[N,M]
@@ -40,6 +41,7 @@ using Trans = ::tg::backend::cpu::Trans;
 namespace {
 
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<std::int64_t> g_gelu_epilogue_calls{0};
 
 // ---- handles and workspaces (one device, created on first use) ----------------------------------------
 // GEMMs run on the current stream (Note [CUDA streams], runtime.hpp). A cuBLAS workspace may be used by
@@ -101,12 +103,21 @@ struct Gemm {
   std::int64_t sa = 0, sb = 0, sc = 0, batch = 1;  // batch strides in elements
 };
 
+/// GELU epilogue request: D = gelu_tanh(A·B (+ bias)) and aux = A·B (+ bias), aux with leading dim `ld`
+/// in the column-major view (Note [row-major GEMMs on column-major cuBLAS]: the row-major [M, N] pre
+/// buffer is the column-major [N, M] matrix with ld N).
+struct GeluAux {
+  void* aux = nullptr;
+  std::int64_t ld = 0;
+};
+
 // Note [cached GEMM algorithms]
 // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time; a training step issues the same
 // few hundred GEMM configurations every step. The key holds every input of the descriptors and preferences
-// (types, ops, sizes, leading dims, batch strides and count, operand alignments, the bias epilogue), so a
-// cached algorithm is exactly the heuristic's answer for that call.
-using AlgoKey = std::array<std::int64_t, 19>;
+// (types, ops, sizes, leading dims, batch strides and count, operand alignments, the epilogue and the
+// alignments of the bias and aux pointers the heuristic inspects, the aux ld), so a cached algorithm is
+// exactly the heuristic's answer for that call.
+using AlgoKey = std::array<std::int64_t, 22>;
 struct AlgoEntry {
   cublasLtMatmulHeuristicResult_t result;
   int found;
@@ -138,9 +149,14 @@ __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_
   }
 }
 
+/// Runs the GEMM; with `gelu` only through cuBLASLt's GELU_AUX(_BIAS) epilogue, and returns false
+/// (having written nothing) when Lt has no algorithm for it, so the caller can run the composite. Without
+/// `gelu` it always completes (cuBLAS and a bias kernel when Lt has no algorithm) and returns true.
 template <class T, class TC>
-void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double beta, const T* bias = nullptr) {
-  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double beta, const T* bias = nullptr,
+              const GeluAux* gelu = nullptr) {
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return true;
+  if (gelu && (g.K == 0 || g.batch != 1)) return false;
   if (g.K == 0) {  // C = beta·C; only beta = 0 occurs here
     const cudaStream_t stream = detail::stream();
     for (std::int64_t i = 0; i < g.batch; ++i)
@@ -151,7 +167,7 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
                                                                                         g.M, g.N, g.ldc);
       TG_CUDA_LAUNCHED();
     }
-    return;
+    return true;
   }
   static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
   Blas& h = blas();
@@ -177,6 +193,9 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu) epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (bias) epi = CUBLASLT_EPILOGUE_BIAS;
   auto cleanup = [&] {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -188,11 +207,17 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_type));
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
-    if (bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;  // adds bias[row of C'] = bias[n]
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias) {  // adds bias[row of C'] = bias[n] (before the GELU, with GELU_AUX_BIAS)
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type, sizeof c_type));
+    }
+    if (gelu) {  // the GELU input (A·B + bias) goes to aux, in C's type (EPILOGUE_AUX_DATA_TYPE left unset)
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu->aux,
+                                                     sizeof gelu->aux));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &gelu->ld,
+                                                     sizeof gelu->ld));
     }
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l1, ab_type, r1, c1, g.ldb));
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l2, ab_type, r2, c2, g.lda));
@@ -220,7 +245,8 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     // cuBLAS path below takes any layout.
     const AlgoKey key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
                          static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
-                         bias != nullptr};
+                         static_cast<std::int64_t>(epi), bias ? alignment(bias, 0) : 0,
+                         gelu ? alignment(gelu->aux, 0) : 0, gelu ? gelu->ld : 0};
     if (!cached_algo(key, result, found)) {
       if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
         found = 0;
@@ -234,7 +260,8 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     throw;
   }
   cleanup();
-  if (found > 0) return;
+  if (found > 0) return true;
+  if (gelu) return false;  // cuBLAS has no GELU epilogue: the caller runs the composite
 
   // The cuBLAS handle carries a stream and a workspace: set both, under a lock, for this call.
   std::lock_guard<std::mutex> lock(h.blas_mutex);
@@ -252,6 +279,7 @@ void run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
       TG_CUDA_LAUNCHED();
     }
   }
+  return true;
 }
 
 /// (Trans, ld) of a row-major [rows, cols] operand with strides (rs, cs); throws when it needs a copy
@@ -313,6 +341,7 @@ unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<s
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
+std::int64_t gelu_epilogue_calls() { return g_gelu_epilogue_calls.load(); }
 
 // ---- matmul ---------------------------------------------------------------------------------------------------
 template <class T>
@@ -349,6 +378,35 @@ void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, 
   operand(K, N, wcs, wrs, g.tb, g.ldb, "weight");  // wᵀ [K, N] has strides (wcs, wrs)
   g.ldc = std::max<std::int64_t>(N, 1);
   run_gemm<T, T>(g, x, w, y, 1.0, 0.0, bias);
+}
+
+template <class T>
+void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs,
+                              std::int64_t wcs, const T* bias, T* y, T* pre, std::int64_t M, std::int64_t N,
+                              std::int64_t K) {
+  if (M == 0 || N == 0) return;
+  // One GEMM whose epilogue adds the bias, writes the GELU input to `pre` (aux) and gelu_tanh of it to `y`.
+  // cuBLASLt requires the aux ld to be a multiple of 8 (and >= N, the rows of the column-major D'); `pre`
+  // is contiguous, so its ld is N. fp64 keeps the composite (a numerical-check precision, not a fast path).
+  if constexpr (!std::is_same_v<T, double>) {
+    if (K > 0 && N % 8 == 0) {
+      Gemm g;
+      g.M = M;
+      g.N = N;
+      g.K = K;
+      operand(M, K, xrs, xcs, g.ta, g.lda, "x");
+      operand(K, N, wcs, wrs, g.tb, g.ldb, "weight");  // wᵀ [K, N] has strides (wcs, wrs)
+      g.ldc = N;
+      const GeluAux aux{pre, N};
+      if (run_gemm<T, T>(g, x, w, y, 1.0, 0.0, bias, &aux)) {
+        g_gelu_epilogue_calls.fetch_add(1);
+        return;
+      }
+    }
+  }
+  // The composite: the GEMM (bias epilogue) into pre, then the gelu_tanh kernel gelu_tanh(x) runs.
+  linear_forward<T>(x, xrs, xcs, w, wrs, wcs, bias, pre, M, N, K);
+  unary_forward<T>(math::Unary::gelu_tanh, pre, Shape{N, 1}, y, Shape{M, N});
 }
 
 // ---- attention ------------------------------------------------------------------------------------------------
@@ -412,6 +470,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
                                   std::int64_t, std::int64_t, std::int64_t);                                      \
   template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,       \
                                   const T*, T*, std::int64_t, std::int64_t, std::int64_t);                        \
+  template void linear_gelu_tanh_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t,           \
+                                            std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,             \
+                                            std::int64_t);                                                         \
   template void attention_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t,     \
                                      std::int64_t, double, bool);                                                 \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const accum_t<T>*, T*, T*,  \

@@ -23,6 +23,7 @@
 #include "typegrad/ops/masked_fill.hpp"
 #include "typegrad/ops/concat.hpp"
 #include "typegrad/ops/matmul.hpp"
+#include "typegrad/ops/linear_gelu.hpp"
 #include "typegrad/ops/softmax.hpp"
 #include "typegrad/ops/layernorm.hpp"
 #include "typegrad/ops/embedding.hpp"

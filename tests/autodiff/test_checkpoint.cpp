@@ -137,12 +137,16 @@ TEST(CheckpointRegion, RegionsRecordOneNodeAndRecomputeInBackward) {
     tg::autodiff::checkpoint_stats() = {};
     const F loss = tg::cross_entropy(model.forward<tg::fp32>(idx, drop, true), tgt);
     const auto& st = tg::autodiff::checkpoint_stats();
-    // Each block has 4 linears (c_attn, attn c_proj, c_fc, mlp c_proj); the LM head is one more.
+    // Each block has 4 GEMMs: 3 linears (c_attn, attn c_proj, mlp c_proj) and c_fc fused with its GELU
+    // (linear_gelu_tanh); the LM head is one more linear.
     if (m == CheckpointMode::none) {
-      EXPECT_EQ(count_ops("linear"), 4 * L + 1);
+      EXPECT_EQ(count_ops("linear"), 3 * L + 1);
+      EXPECT_EQ(count_ops("linear_gelu_tanh"), L);
+      EXPECT_EQ(count_ops("gelu_tanh"), 0);
       EXPECT_EQ(st.regions_recorded, 0);
     } else {
       EXPECT_EQ(count_ops("linear"), 1) << "the blocks' linears must not be on the tape after forward";
+      EXPECT_EQ(count_ops("linear_gelu_tanh"), 0);
       EXPECT_EQ(count_ops("layernorm"), 1) << "only ln_f";
       EXPECT_EQ(count_ops(m == CheckpointMode::blocks ? "checkpoint[blocks]" : "checkpoint[selective]"), L);
       EXPECT_EQ(st.regions_recorded, L);

@@ -1,4 +1,4 @@
-// Op database entries for the nn ops: matmul, linear, softmax, log_softmax, layernorm, rmsnorm, embedding,
+// Op database entries for the nn ops: matmul, linear, linear_gelu_tanh, softmax, log_softmax, layernorm, rmsnorm, embedding,
 // cross_entropy, causal_attention (fused) and attention_composite; plus a test that the fused attention
 // matches its composite. References are plain fp64 loops over the contiguous inputs.
 //
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "ops/op_db.hpp"
 
@@ -108,6 +109,57 @@ OpEntry linear_entry() {
           "linear: weight must be [out_features, in_features], got [8]");
   e.error("bias", [] { tg::linear(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({3, 8}), Tensor<float>::zeros({4})); },
           "linear: bias must be [3], got [4]");
+  return e;
+}
+
+// ---- linear_gelu_tanh: args = {has_bias} ----------------------------------------------------------------
+/// gelu_tanh(x·Wᵀ + b) in fp64 loops (the tanh formula written out, not math::gelu_tanh).
+Tensor<double> ref_linear_gelu_tanh(const X& x, bool has_bias) {
+  const std::int64_t K = x[0].shape()[x[0].dim() - 1], N = x[1].shape()[0], rows = x[0].numel() / K;
+  Shape os = x[0].shape();
+  os[os.size() - 1] = N;
+  Tensor<double> out = Tensor<double>::empty(os);
+  const double k = std::sqrt(2.0 / std::acos(-1.0));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double v = has_bias ? x[2].data()[n] : 0.0;
+      for (std::int64_t i = 0; i < K; ++i) v += x[0].data()[r * K + i] * x[1].data()[n * K + i];
+      out.data()[r * N + n] = 0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v)));
+    }
+  return out;
+}
+
+OpEntry linear_gelu_tanh_entry() {
+  OpEntry e = make_entry("linear_gelu_tanh", [](const auto& x, const I&, const Sample& s) {
+    return s.args[0] != 0 ? tg::linear_gelu_tanh(x[0], x[1], x[2]) : tg::linear_gelu_tanh(x[0], x[1]);
+  });
+  e.sample("bias", {{{5, 7}}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("batched_bias", {{{2, 3, 7}}, {{4, 7}}, {{4}}}, {}, {1})
+      .sample("no_bias", {{{2, 3, 7}}, {{4, 7}}}, {}, {0})
+      .sample("x_transposed", {{{5, 7}, L::transposed}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("w_transposed", {{{5, 7}}, {{3, 7}, L::transposed}, {{3}}}, {}, {1})
+      .sample("x_strided", {{{2, 3, 7}, L::strided}, {{4, 7}, L::strided}}, {}, {0})
+      .sample("vector", {{{7}}, {{3, 7}}, {{3}}}, {}, {1})
+      .sample("one_row", {{{1, 1, 7}}, {{1, 7}}, {{1}}}, {}, {1})
+      // N a multiple of 8: the shapes cuBLASLt's GELU epilogue takes on the GPU (the others fall back)
+      .sample("epilogue_bias", {{{2, 5, 12}}, {{16, 12}}, {{16}}}, {}, {1})
+      .sample("epilogue_no_bias", {{{6, 12}}, {{8, 12}}}, {}, {0});
+  e.reference([](const X& x, const I&, const Sample& s) { return ref_linear_gelu_tanh(x, s.args[0] != 0); });
+  // The default tolerances hold although 16-bit rounds twice in a chain (the pre-activation, then the GELU
+  // output; gelu_tanh' <= 1.13 carries the first). On the GPU the epilogue's GELU reads the fp32 sum
+  // instead: one rounding less than the CPU, well inside the CPU-vs-CUDA bound (twice these).
+  e.error("inner", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 64, 768}), Tensor<float>::zeros({3072, 700}), Tensor<float>::zeros({3072})); },
+          "linear_gelu_tanh: inner dimensions differ: x is [4,64,768], weight is [3072,700]");
+  e.error("inner_no_bias", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 9})); },
+          "linear_gelu_tanh: inner dimensions differ: x is [4,8], weight is [16,9]");
+  e.error("weight_rank", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8})); },
+          "linear_gelu_tanh: weight must be [out_features, in_features], got [8]");
+  e.error("bias", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({3, 8}), Tensor<float>::zeros({4})); },
+          "linear_gelu_tanh: bias must be [3], got [4]");
+  e.error("bias_rank", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({3, 8}), Tensor<float>::zeros({1, 3})); },
+          "linear_gelu_tanh: bias must be [3], got [1,3]");
+  e.error("x_scalar", [] { tg::linear_gelu_tanh(Tensor<float>::zeros({}), Tensor<float>::zeros({3, 8})); },
+          "linear_gelu_tanh: x needs at least one dim, got []");
   return e;
 }
 
@@ -325,6 +377,7 @@ OpEntry attention_composite_entry() {
 
 TG_REGISTER_OP(matmul_entry());
 TG_REGISTER_OP(linear_entry());
+TG_REGISTER_OP(linear_gelu_tanh_entry());
 TG_REGISTER_OP(softmax_entry(false));
 TG_REGISTER_OP(softmax_entry(true));
 TG_REGISTER_OP(layernorm_entry());
@@ -359,6 +412,97 @@ TEST(OpDb_causal_attention_fused, MatchesCompositeFp32) {
       worst = std::max(worst, std::abs(double(f[t][i]) - c[t][i]) / (1e-5 + 1e-4 * std::abs(double(c[t][i]))));
     EXPECT_LE(worst, 1.0) << what[t] << ": fused and composite differ beyond atol 1e-5, rtol 1e-4";
   }
+}
+
+// linear_gelu_tanh on the CPU is the composite's kernels in the composite's order (Note [fused linear +
+// GELU]): output and every gradient equal gelu_tanh(linear(...))'s bit for bit, with and without a bias.
+template <class T>
+void check_linear_gelu_equals_composite(bool with_bias) {
+  Generator gen(20261203);
+  const Tensor<float> x0 = Tensor<float>::normal({3, 5, 24}, 0.f, 1.f, gen), w0 = Tensor<float>::normal({40, 24}, 0.f, 0.3f, gen),
+                      b0 = Tensor<float>::normal({40}, 0.f, 0.5f, gen), u0 = Tensor<float>::normal({3, 5, 40}, 0.f, 1.f, gen);
+  auto run = [&](bool fused) {
+    Tensor<T> x = x0.to<T>(), w = w0.to<T>(), b = b0.to<T>();
+    x.requires_grad_();
+    w.requires_grad_();
+    b.requires_grad_();
+    Tensor<T> y;
+    if (with_bias) y = fused ? tg::linear_gelu_tanh(x, w, b) : tg::gelu_tanh(tg::linear(x, w, b));
+    else y = fused ? tg::linear_gelu_tanh(x, w) : tg::gelu_tanh(tg::linear(x, w));
+    y.backward(u0.to<T>());
+    std::vector<std::vector<float>> r{y.template to<float>().to_vector(), x.grad().template to<float>().to_vector(),
+                                      w.grad().template to<float>().to_vector()};
+    if (with_bias) r.push_back(b.grad().template to<float>().to_vector());
+    return r;
+  };
+  const auto f = run(true), c = run(false);
+  const char* what[] = {"out", "dx", "dw", "db"};
+  ASSERT_EQ(f.size(), c.size());
+  for (std::size_t t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f[t].size(), c[t].size()) << what[t];
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < f[t].size(); ++i) differ += std::memcmp(&f[t][i], &c[t][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << what[t] << ": " << differ << " of " << f[t].size() << " values differ from the composite's";
+  }
+}
+TEST(OpDb_linear_gelu_tanh_fused, EqualsCompositeBitwiseFp32) {
+  check_linear_gelu_equals_composite<float>(true);
+  check_linear_gelu_equals_composite<float>(false);
+}
+TEST(OpDb_linear_gelu_tanh_fused, EqualsCompositeBitwiseBf16) {
+  check_linear_gelu_equals_composite<bf16>(true);
+  check_linear_gelu_equals_composite<bf16>(false);
+}
+
+// Under SelectiveRecompute the op's GEMM output (the pre-activation) is kept and reused, and the recompute
+// runs only the GELU on it: gradients equal the plain run's bit for bit; RecomputeAll reruns the op.
+template <class Policy>
+void check_linear_gelu_checkpointed(std::int64_t kept) {
+  Generator gen(77);
+  const Tensor<float> x0 = Tensor<float>::normal({4, 6, 16}, 0.f, 1.f, gen), w0 = Tensor<float>::normal({24, 16}, 0.f, 0.4f, gen),
+                      b0 = Tensor<float>::normal({24}, 0.f, 0.3f, gen), u = Tensor<float>::normal({4, 6, 24}, 0.f, 1.f, gen);
+  auto run = [&](bool ck) {
+    Tensor<float> x = x0.clone().detach(), w = w0.clone().detach(), b = b0.clone().detach();
+    x.requires_grad_();
+    w.requires_grad_();
+    b.requires_grad_();
+    auto fn = [&](const Tensor<float>& t) { return tg::linear_gelu_tanh(t, w, b); };
+    const Tensor<float> y = ck ? tg::checkpoint<Policy>(fn, x) : fn(x);
+    y.backward(u);
+    return std::vector<std::vector<float>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
+  };
+  const auto plain = run(false);
+  autodiff::checkpoint_stats() = {};
+  const auto ck = run(true);
+  EXPECT_EQ(autodiff::checkpoint_stats().kept_outputs, kept);
+  EXPECT_EQ(autodiff::checkpoint_stats().reused_outputs, kept);
+  EXPECT_EQ(autodiff::checkpoint_stats().recomputes, 1);
+  for (std::size_t t = 0; t < plain.size(); ++t) EXPECT_EQ(ck[t], plain[t]) << "tensor " << t;
+}
+TEST(OpDb_linear_gelu_tanh_fused, SelectiveCheckpointKeepsThePreActivation) {
+  check_linear_gelu_checkpointed<SelectiveRecompute>(1);
+}
+TEST(OpDb_linear_gelu_tanh_fused, RecomputeAllRerunsTheOp) { check_linear_gelu_checkpointed<RecomputeAll>(0); }
+
+// One tape node, named for the op, saving x, W and the pre-activation (what linear and gelu_tanh saved).
+std::int64_t live_ops(const std::string& op) {
+  std::int64_t n = 0;
+  for (const auto& node : autodiff::current_tape().live_nodes()) n += op == node->op();
+  return n;
+}
+TEST(OpDb_linear_gelu_tanh_fused, RecordsOneNode) {
+  Tensor<float> x = Tensor<float>::ones({2, 4}), w = Tensor<float>::ones({8, 4}), b = Tensor<float>::zeros({8});
+  w.requires_grad_();
+  const std::int64_t fused0 = live_ops("linear_gelu_tanh"), linear0 = live_ops("linear"), gelu0 = live_ops("gelu_tanh");
+  const Tensor<float> y = tg::linear_gelu_tanh(x, w, b);
+  EXPECT_EQ(live_ops("linear_gelu_tanh"), fused0 + 1);
+  EXPECT_EQ(live_ops("linear"), linear0);
+  EXPECT_EQ(live_ops("gelu_tanh"), gelu0);
+  ASSERT_TRUE(y.requires_grad());
+  EXPECT_EQ(y.shape(), (Shape{2, 8}));
+  // gelu_tanh(4) for every element (x·wᵀ = 4)
+  const double k = std::sqrt(2.0 / std::acos(-1.0)), g4 = 0.5 * 4.0 * (1.0 + std::tanh(k * (4.0 + 0.044715 * 64.0)));
+  for (float v : y.to_vector()) EXPECT_NEAR(v, g4, 1e-5);
 }
 
 }  // namespace

@@ -430,6 +430,16 @@ def _(g):
     g.case("no_bias", [Fl(7, 6), Fl(3, 6)], lambda a, x, w: F.linear(x, w), args=[0])
 
 
+# linear_gelu_tanh(x, weight [out,in], bias [out]) = gelu(linear(x, weight, bias), approximate="tanh"):
+# args = [has_bias]
+@op("linear_gelu_tanh")
+def _(g):
+    gl = lambda t: F.gelu(t, approximate="tanh")
+    g.case("bias", [Fl(2, 3, 5), Fl(16, 5), Fl(16)], lambda a, x, w, b: gl(F.linear(x, w, b)), args=[1])
+    g.case("no_bias", [Fl(7, 6), Fl(3, 6)], lambda a, x, w: gl(F.linear(x, w)), args=[0])
+    g.case("transposed_x", [Fl(6, 4, layout=1), Fl(8, 4), Fl(8)], lambda a, x, w, b: gl(F.linear(x, w, b)), args=[1])
+
+
 # causal_attention(q, k, v), each (B,H,T,hs): softmax(q·kᵀ/√hs + causal mask)·v
 @op("causal_attention")
 def _(g):

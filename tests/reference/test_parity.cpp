@@ -270,6 +270,9 @@ PARITY_OP(embedding) { return tg::embedding(x[0], idx[0]); }
 PARITY_OP(cross_entropy) { return tg::cross_entropy(x[0], idx[0], ia(a, 0)); }
 PARITY_OP(matmul) { return tg::matmul(x[0], x[1]); }
 PARITY_OP(linear) { return a.at(0) != 0 ? tg::linear(x[0], x[1], x[2]) : tg::linear(x[0], x[1]); }
+PARITY_OP(linear_gelu_tanh) {
+  return a.at(0) != 0 ? tg::linear_gelu_tanh(x[0], x[1], x[2]) : tg::linear_gelu_tanh(x[0], x[1]);
+}
 PARITY_OP(causal_attention) { return tg::causal_attention(x[0], x[1], x[2]); }
 PARITY_OP(attention_composite) { return tg::attention_composite(x[0], x[1], x[2]); }
 

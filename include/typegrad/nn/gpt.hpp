@@ -12,6 +12,7 @@
 #include "typegrad/nn/layers.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/dropout.hpp"
+#include "typegrad/ops/linear_gelu.hpp"
 #include "typegrad/ops/unary.hpp"
 
 namespace tg::nn {
@@ -96,9 +97,14 @@ class BasicMLP {
   BasicMLP(const GPTConfig& c, Generator& gen)
       : c_fc_(c.n_embd, 4 * c.n_embd, gen),
         c_proj_(4 * c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))) {}
+  /// c_proj(gelu_tanh(c_fc(x))), the first two as one op (Note [fused linear + GELU]: cuBLASLt's GELU
+  /// epilogue on the GPU, the composite's kernels on the CPU), c_fc's weights read as its forward reads them.
   template <FloatingElement T>
-  Tensor<T, D> forward(const Tensor<T, D>& x) const {
-    return c_proj_.forward(gelu_tanh(c_fc_.forward(x)));
+  Tensor<T, D> forward(const Tensor<T, D>& x) const {  // (B,T,C)
+    const Tensor<T, D> h = c_fc_.has_bias()
+                               ? linear_gelu_tanh(x, amp::param_as<T>(c_fc_.weight()), amp::param_as<T>(c_fc_.bias()))
+                               : linear_gelu_tanh(x, amp::param_as<T>(c_fc_.weight()));  // (B,T,4C)
+    return c_proj_.forward(h);
   }
   void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     c_fc_.collect_parameters(join_name(prefix, "c_fc"), out);

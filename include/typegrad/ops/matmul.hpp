@@ -148,13 +148,14 @@ Tensor<T, D> linear_rows(const Tensor<T, D>& x) {
   return c.as_strided_raw({rows, K}, {K, 1}, c.storage_offset());
 }
 
+/// The argument checks of linear and of the ops built on it (linear_gelu_tanh), whose name `op` starts each message.
 template <Element T, Device D>
-void check_linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>* b) {
-  TG_CHECK(x.dim() >= 1, "linear: x needs at least one dim, got ", x.shape());
-  TG_CHECK(w.dim() == 2, "linear: weight must be [out_features, in_features], got ", w.shape());
-  TG_CHECK(x.shape()[x.dim() - 1] == w.shape()[1], "linear: inner dimensions differ: x is ", x.shape(), ", weight is ",
+void check_linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>* b, const char* op = "linear") {
+  TG_CHECK(x.dim() >= 1, op, ": x needs at least one dim, got ", x.shape());
+  TG_CHECK(w.dim() == 2, op, ": weight must be [out_features, in_features], got ", w.shape());
+  TG_CHECK(x.shape()[x.dim() - 1] == w.shape()[1], op, ": inner dimensions differ: x is ", x.shape(), ", weight is ",
            w.shape(), " (weight is [out_features, in_features])");
-  if (b) TG_CHECK(b->dim() == 1 && b->shape()[0] == w.shape()[0], "linear: bias must be [", w.shape()[0], "], got ",
+  if (b) TG_CHECK(b->dim() == 1 && b->shape()[0] == w.shape()[0], op, ": bias must be [", w.shape()[0], "], got ",
                   b->shape());
 }
 

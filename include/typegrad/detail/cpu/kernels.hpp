@@ -119,6 +119,12 @@ void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T*
 template <class T>
 void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs, std::int64_t wcs,
                     const T* bias, T* y, std::int64_t M, std::int64_t N, std::int64_t K);
+/// pre[M,N] = x[M,K]·w[N,K]ᵀ (+ bias[N]) and y[M,N] = gelu_tanh(pre), both contiguous (ops/linear_gelu.hpp).
+/// The CPU runs linear_forward then unary_forward(gelu_tanh) over the rounded pre: the composite, bit for bit.
+template <class T>
+void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs,
+                              std::int64_t wcs, const T* bias, T* y, T* pre, std::int64_t M, std::int64_t N,
+                              std::int64_t K);
 
 /// y = softmax(x) (or log_softmax when `log`) over each row, max-subtracted.
 template <class T>

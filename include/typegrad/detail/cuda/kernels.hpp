@@ -100,6 +100,9 @@ void cross_entropy_backward(const T* logits, const std::int64_t* targets, const 
 /// Whether fp32 GEMMs may use TF32 tensor cores (a precision policy's choice; off by default).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+/// How many linear_gelu_tanh_forward calls in this process took cuBLASLt's GELU epilogue (one fused GEMM)
+/// rather than the fallback (GEMM, then the gelu_tanh kernel). 0 without the CUDA backend.
+std::int64_t gelu_epilogue_calls();
 /// The CPU's matmul_strided contract (detail/cpu/kernels.hpp): C[i] = A[i]·B[i] over `batch`, sa / sb / sc
 /// = batch strides then (row, col) strides; a 0 batch stride in sc reduces over that dim.
 template <class T>
@@ -109,6 +112,14 @@ void matmul_strided(const T* a, const Shape& sa, const T* b, const Shape& sb, T*
 template <class T>
 void linear_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs, std::int64_t wcs,
                     const T* bias, T* y, std::int64_t M, std::int64_t N, std::int64_t K);
+/// pre = x·wᵀ (+ bias) and y = gelu_tanh(pre), [M,N] contiguous each (Note [fused linear + GELU],
+/// ops/linear_gelu.hpp): one cuBLASLt GEMM with CUBLASLT_EPILOGUE_GELU_AUX(_BIAS) writing y and, as its aux
+/// output, pre; when cuBLASLt has no algorithm for the call (or N % 8 != 0, the aux ld rule), linear_forward
+/// then unary_forward(gelu_tanh), the composite's kernels.
+template <class T>
+void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, const T* w, std::int64_t wrs,
+                              std::int64_t wcs, const T* bias, T* y, T* pre, std::int64_t M, std::int64_t N,
+                              std::int64_t K);
 /// Causal attention over BH contiguous heads of [Tn, hs] as a composite: S = scale·QKᵀ (batched GEMM, fp32
 /// out), a masked-softmax kernel (P in T, lse in fp32), O = P·V. Workspace: BH·Tn² fp32 + BH·Tn² T.
 template <class T>

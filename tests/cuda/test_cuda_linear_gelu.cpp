@@ -1,0 +1,152 @@
+// linear_gelu_tanh on the GPU (Note [fused linear + GELU]): a GPT-shaped bf16 call takes cuBLASLt's
+// GELU_AUX_BIAS epilogue (gelu_epilogue_calls() counts it) and matches the composite gelu_tanh(linear(...))
+// forward and backward; the epilogue's GELU is the tanh form; widths cuBLASLt cannot take (N % 8 != 0)
+// run the composite's kernels bit for bit; nn::BasicGPT<cuda>'s MLP takes the epilogue once per block.
+// Every test skips with the reason when no CUDA device is present (the build machines have none).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/typegrad.hpp>
+
+namespace {
+
+class CudaLinearGelu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (tg::backend::cuda::device_count() == 0)
+      GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
+                   << "): the GELU epilogue checks run only on a GPU machine (scripts/gpu-check.sh)";
+  }
+};
+
+template <class T, class D>
+std::vector<double> values(const tg::Tensor<T, D>& t) {
+  const auto v = t.detach().template to<tg::fp32>().template to<tg::cpu>().to_vector();
+  return {v.begin(), v.end()};
+}
+/// max_i |a_i − b_i| / (atol + rtol·|b_i|): <= 1 means within tolerance.
+double worst(const std::vector<double>& a, const std::vector<double>& b, double atol, double rtol) {
+  EXPECT_EQ(a.size(), b.size());
+  double w = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / (atol + rtol * std::abs(b[i])));
+  return w;
+}
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+struct Results {
+  std::vector<double> y, dx, dw, db;
+};
+/// Forward and backward (upstream u) of the fused op or of the composite, on the GPU.
+template <class T>
+Results run_op(bool fused, const tg::Tensor<float>& xh, const tg::Tensor<float>& wh, const tg::Tensor<float>& bh,
+        const tg::Tensor<float>& uh) {
+  auto x = xh.to<T>().template to<tg::cuda>().requires_grad_();
+  auto w = wh.to<T>().template to<tg::cuda>().requires_grad_();
+  auto b = bh.to<T>().template to<tg::cuda>().requires_grad_();
+  const auto y = fused ? tg::linear_gelu_tanh(x, w, b) : tg::gelu_tanh(tg::linear(x, w, b));
+  y.backward(uh.to<T>().template to<tg::cuda>());
+  return {values(y), values(x.grad()), values(w.grad()), values(b.grad())};
+}
+
+// GPT-2 small's c_fc at B=4, T=64 in bf16: one call through the epilogue, within bf16 rounding of the
+// composite. The fused GELU reads the fp32 sum, the composite the bf16-rounded pre-activation: one bf16
+// step (2^-8 relative) of pre times gelu' <= 1.13, plus one of the output. Gradients: the backward is the
+// composite's kernels on pre (fused: cuBLASLt's aux; composite: the bias GEMM's output, equal up to the
+// GEMM's summation order), 2e-2 of each tensor's largest entry.
+TEST_F(CudaLinearGelu, Bf16GptShapeTakesTheEpilogueAndMatchesTheComposite) {
+  tg::Generator gen(20261203);
+  const auto x = tg::Tensor<float>::normal({4, 64, 768}, 0.f, 1.f, gen);
+  const auto w = tg::Tensor<float>::normal({3072, 768}, 0.f, 0.02f, gen);
+  const auto b = tg::Tensor<float>::normal({3072}, 0.f, 0.1f, gen);
+  const auto u = tg::Tensor<float>::normal({4, 64, 3072}, 0.f, 1.f, gen);
+  const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
+  const Results f = run_op<tg::bf16>(true, x, w, b, u);
+  EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "the bf16 GPT-shaped call did not take the epilogue";
+  const Results c = run_op<tg::bf16>(false, x, w, b, u);
+  EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "the composite must not count";
+  EXPECT_LE(worst(f.y, c.y, 1e-2, 2e-2), 1.0) << "forward";
+  EXPECT_LE(worst(f.dx, c.dx, 2e-2 * max_abs(c.dx), 0), 1.0) << "dx";
+  EXPECT_LE(worst(f.dw, c.dw, 2e-2 * max_abs(c.dw), 0), 1.0) << "dw";
+  EXPECT_LE(worst(f.db, c.db, 2e-2 * max_abs(c.db), 0), 1.0) << "db";
+}
+
+// fp32 (no TF32), pre-activations spread over about [-5, 5]: the fused output is gelu_tanh's to fp32
+// round-off, and much farther from the exact (erf) GELU, which differs from the tanh form by up to ~5e-4
+// there. So the epilogue's GELU is the tanh approximation the op promises.
+TEST_F(CudaLinearGelu, EpilogueIsTanhGelu) {
+  tg::backend::cuda::set_allow_tf32(false);
+  tg::Generator gen(11);
+  const auto x = tg::Tensor<float>::uniform({96, 256}, -1.f, 1.f, gen).to<tg::cuda>();
+  const auto w = tg::Tensor<float>::normal({128, 256}, 0.f, 0.15f, gen).to<tg::cuda>();
+  const auto b = tg::Tensor<float>::normal({128}, 0.f, 0.5f, gen).to<tg::cuda>();
+  const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
+  const auto fused = values(tg::linear_gelu_tanh(x, w, b));
+  ASSERT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "fp32 did not take the epilogue";
+  const auto pre = tg::linear(x, w, b);
+  const auto tanh_form = values(tg::gelu_tanh(pre)), erf_form = values(tg::gelu(pre));
+  EXPECT_GT(max_abs(values(pre)), 3.0) << "the sample should reach where the two GELUs differ";
+  double d_tanh = 0, d_erf = 0;
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    d_tanh = std::max(d_tanh, std::abs(fused[i] - tanh_form[i]));
+    d_erf = std::max(d_erf, std::abs(fused[i] - erf_form[i]));
+  }
+  EXPECT_LT(d_tanh, 2e-5) << "fused vs gelu_tanh(linear)";
+  EXPECT_GT(d_erf, 1e-4) << "fused vs the exact GELU";
+  EXPECT_LT(d_tanh * 5, d_erf);
+}
+
+// N = 20 (not a multiple of 8) breaks cuBLASLt's aux ld rule: the op runs linear_forward then the gelu_tanh
+// kernel, the composite's own kernels, so the result equals the composite bit for bit and nothing is counted.
+TEST_F(CudaLinearGelu, OddWidthRunsTheCompositeKernels) {
+  tg::Generator gen(5);
+  const auto x = tg::Tensor<tg::bf16>::normal({3, 7, 24}, 0.f, 1.f, gen).to<tg::cuda>();
+  const auto w = tg::Tensor<tg::bf16>::normal({20, 24}, 0.f, 0.3f, gen).to<tg::cuda>();
+  const auto b = tg::Tensor<tg::bf16>::normal({20}, 0.f, 0.3f, gen).to<tg::cuda>();
+  const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
+  const auto f = tg::linear_gelu_tanh(x, w, b).to<tg::cpu>().to_vector();
+  EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before);
+  const auto c = tg::gelu_tanh(tg::linear(x, w, b)).to<tg::cpu>().to_vector();
+  ASSERT_EQ(f.size(), c.size());
+  for (std::size_t i = 0; i < f.size(); ++i) ASSERT_EQ(f[i].bits, c[i].bits) << "element " << i;
+}
+
+// The fused GEMM runs on the current stream: a side stream gives the default stream's bits.
+TEST_F(CudaLinearGelu, SideStreamGivesTheDefaultStreamsResult) {
+  tg::Generator gen(9);
+  const auto x = tg::Tensor<tg::bf16>::normal({64, 128}, 0.f, 1.f, gen).to<tg::cuda>();
+  const auto w = tg::Tensor<tg::bf16>::normal({256, 128}, 0.f, 0.1f, gen).to<tg::cuda>();
+  const auto b = tg::Tensor<tg::bf16>::normal({256}, 0.f, 0.1f, gen).to<tg::cuda>();
+  const auto on_default = tg::linear_gelu_tanh(x, w, b).to<tg::cpu>().to_vector();
+  tg::backend::cuda::Stream side;
+  std::vector<tg::bf16> on_side;
+  {
+    tg::backend::cuda::StreamGuard guard(side);
+    on_side = tg::linear_gelu_tanh(x, w, b).to<tg::cpu>().to_vector();
+  }
+  ASSERT_EQ(on_side.size(), on_default.size());
+  for (std::size_t i = 0; i < on_side.size(); ++i) ASSERT_EQ(on_side[i].bits, on_default[i].bits) << "element " << i;
+}
+
+// nn::BasicGPT<cuda>'s MLP calls linear_gelu_tanh with c_fc's weights: one epilogue call per block per
+// forward in bf16 (4C = 128 is a multiple of 8).
+TEST_F(CudaLinearGelu, GptMlpTakesTheEpilogueOncePerBlock) {
+  const tg::nn::GPTConfig cfg{64, 16, 3, 2, 32, 0.f};
+  tg::Generator gen(42);
+  const tg::nn::GPT cpu_model(cfg, gen);
+  const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
+  auto idx = tg::Tensor<std::int64_t>::empty({2, 16});
+  for (std::int64_t i = 0; i < idx.numel(); ++i) idx.data()[i] = (i * 7) % 64;
+  const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
+  const auto logits = gpu_model.forward<tg::bf16>(idx);
+  EXPECT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + cfg.n_layer);
+  EXPECT_EQ(logits.shape(), (tg::Shape{2, 16, 64}));
+}
+
+}  // namespace
