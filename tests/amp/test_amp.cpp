@@ -461,6 +461,24 @@ TEST(AmpWeights, StaleCopiesAreDetectedWithADeviceOptimizer) {
   EXPECT_FALSE(unwatched.stale());
 }
 
+TEST(AmpWeights, RefreshWeightsAfterLoadingMastersOutsideTheOptimizer) {
+  // Loading weights (a checkpoint, --init-from) changes the masters without a step: the step count cannot
+  // tell, so the loader refreshes; until then the forward reads the old copies.
+  TinySetup s(1, 8);
+  TinySetup other(1, 8);
+  optim::AdamW opt(s.params, {.lr = 1e-3f});
+  amp::MixedPrecision<amp::bf16_mixed> mp(s.params, opt);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  for (std::int64_t i = 0; i < wte.numel(); ++i) other.params[0].tensor.data()[i] = wte.data()[i] + 0.5f;
+  nn::copy_parameter_values(other.params, s.params);
+  EXPECT_FALSE(mp.weights.stale()) << "no optimizer step: invisible to the step count";
+  EXPECT_NE(mp.weights.copy_of(wte).data()[0].bits, bf16(wte.data()[0]).bits) << "the copy still holds the old master";
+  mp.refresh_weights();
+  EXPECT_EQ(mp.weights.refreshes(), 2);
+  for (std::int64_t i = 0; i < wte.numel(); i += 31)
+    EXPECT_EQ(mp.weights.copy_of(wte).data()[i].bits, bf16(wte.data()[i]).bits) << "element " << i;
+}
+
 TEST(AmpWeights, GradientThroughCopyMatchesGradientThroughTo) {
   // The cached path and the plain to<bf16>() path give the masters the same fp32 gradient.
   TinySetup s(2, 8);
