@@ -59,6 +59,7 @@ outcome() {
     0) echo "passed" ;;
     124 | 137) echo "TIMED OUT after $2 s" ;;
     125) echo "NOT RUN (no time left)" ;;
+    77) echo "SKIPPED (rc 77: it saw no usable GPU)" ;;
     *) echo "FAILED (rc $1)" ;;
   esac
 }
@@ -182,13 +183,13 @@ BRC=$?
 cat "$LOG/bench_typegrad.log"
 TG_TPS=$(field tokens_per_s "$LOG/bench_typegrad.log")
 TG_MFU=$(field mfu "$LOG/bench_typegrad.log")
-[ "$BRC" = 0 ] || TG_TPS=""  # a failed or cut-short run has no number to trust
+[ "$BRC" = 0 ] || { TG_TPS=""; TG_MFU=""; }  # a failed or cut-short run has no number to trust
 
 PT_TPS="" PT_MFU="" PT_NOTE=""
 TORCH_LIMIT=$(stage_limit 90 0)
 if [ "$TORCH_LIMIT" -lt 10 ]; then
   PT_NOTE="NOT RUN (no time left)"
-elif timeout 30 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+elif timeout "$((TORCH_LIMIT < 30 ? TORCH_LIMIT : 30))" python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
   TORCH_LIMIT=$(stage_limit 90 0)
   step "PyTorch benchmark: $BENCH_ARGS (at most ${TORCH_LIMIT} s)"
   # shellcheck disable=SC2086
