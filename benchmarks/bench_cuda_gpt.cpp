@@ -1,17 +1,27 @@
-// GPU training-step benchmark: a GPT (tests/cuda/functional_gpt.hpp, nn::GPT's architecture written with
-// ops) trained on synthetic tokens on CUDA with fp32 master weights, compute in --precision, AdamW (one
-// multi-tensor launch per step, backend::cuda::adam_step_multi). Prints
-// ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token, Kaplan et al. / PaLM appendix B, against
-// --peak-tflops), then one machine-readable RESULT line for scripts/gpu-check.sh.
+// GPU training-step benchmark on the path a user runs: nn::BasicGPT<cuda> (include/typegrad/nn/gpt.hpp)
+// trained on synthetic tokens with fp32 master weights, amp::MixedPrecision<policy, its default scaler,
+// cuda> (compute in --precision through per-step bf16/fp16 weight copies refreshed on the GPU after each
+// step; fp16 with DynamicScaler), optim::DeviceAdam<cuda> as AdamW (one multi-tensor launch per step) and
+// GradAccumRuntime(1) for the step, as train_gpt --device cuda does (without clipping, as PyTorch's
+// benchmarks/torch_gpt_cuda.py runs). Prints ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token,
+// Kaplan et al. / PaLM appendix B, against --peak-tflops), then one machine-readable RESULT line for
+// scripts/gpu-check.sh.
 //   bench_cuda_gpt --model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10
 //   bench_cuda_gpt --model tiny --precision fp32 --steps 20 --peak-tflops 67
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
-#include "cuda/functional_gpt.hpp"
+#include <typegrad/amp/amp.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
+#include "cuda/functional_gpt.hpp"  // tg::testing::synthetic_batch (the benchmark's token stream)
 
 namespace {
 
@@ -22,78 +32,117 @@ struct Args {
   double peak_tflops = 989.0;  // dense bf16 of an H100 / H200 SXM (datasheet)
 };
 
-[[noreturn]] void usage(const char* why) {
+[[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_cuda_gpt: %s\nusage: bench_cuda_gpt [--model tiny|small|gpt2] [--precision bf16|fp16|fp32] "
                "[--batch B] [--seq T] [--steps N] [--warmup N] [--peak-tflops X]\n",
-               why);
+               why.c_str());
   std::exit(2);
 }
 
+/// A whole number in [1, 10^9] (or [0, 10^9] when `zero_ok`) for `flag`, else usage().
+long long number(const std::string& flag, const std::string& v, bool zero_ok = false) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < (zero_ok ? 0 : 1) || n > 1'000'000'000)
+    usage(flag + " needs a whole number from " + (zero_ok ? "0" : "1") + " to 10^9, got '" + v + "'");
+  return n;
+}
+
+/// The benchmark's models (the vocabulary unpadded, as benchmarks/torch_gpt_cuda.py builds them).
+tg::nn::GPTConfig config_of(const std::string& m, std::int64_t seq) {
+  tg::nn::GPTConfig c;
+  if (m == "tiny") c = {256, 256, 4, 4, 128, 0.f};
+  else if (m == "small") c = {50257, 1024, 6, 6, 384, 0.f};
+  else if (m == "gpt2") c = {50257, 1024, 12, 12, 768, 0.f};
+  else usage("unknown model '" + m + "' (expected tiny, small or gpt2)");
+  if (seq > c.block_size) usage("--seq " + std::to_string(seq) + " exceeds the model's block size " + std::to_string(c.block_size));
+  return c;
+}
+
+/// The flags, checked (a bad one exits 2 with the usage, before any GPU work).
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + k).c_str());
+    if (k == "-h" || k == "--help") usage("GPU training-step benchmark");
+    if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
     else if (k == "--precision") a.precision = v;
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--seq") a.seq = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoi(v);
-    else if (k == "--warmup") a.warmup = std::stoi(v);
-    else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
-    else usage(("unknown flag " + k).c_str());
+    else if (k == "--batch") a.batch = number(k, v);
+    else if (k == "--seq") a.seq = number(k, v);
+    else if (k == "--steps") a.steps = static_cast<int>(number(k, v));
+    else if (k == "--warmup") a.warmup = static_cast<int>(number(k, v, /*zero_ok=*/true));
+    else if (k == "--peak-tflops") {
+      char* end = nullptr;
+      a.peak_tflops = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(a.peak_tflops > 0)) usage("--peak-tflops needs a positive number, got '" + v + "'");
+    } else {
+      usage("unknown flag " + k);
+    }
   }
+  if (a.precision != "bf16" && a.precision != "fp16" && a.precision != "fp32")
+    usage("unknown precision '" + a.precision + "' (expected bf16, fp16 or fp32)");
+  (void)config_of(a.model, a.seq);  // the model and --seq
   return a;
 }
 
-tg::testing::FunctionalGptConfig config_of(const std::string& m, std::int64_t seq) {
-  tg::testing::FunctionalGptConfig c;
-  if (m == "tiny") c = {256, 256, 4, 4, 128};
-  else if (m == "small") c = {50257, 1024, 6, 6, 384};
-  else if (m == "gpt2") c = {50257, 1024, 12, 12, 768};
-  else usage(("unknown model " + m).c_str());
-  if (seq > c.block) usage("--seq exceeds the model's block size");
-  return c;
-}
-
-template <class T>
+template <class Policy>
 int run(const Args& a) {
-  const auto cfg = config_of(a.model, a.seq);
-  tg::testing::FunctionalGpt<tg::cuda> model(cfg, /*seed=*/1);
-  const double n_params = static_cast<double>(model.num_parameters());
-  const double flops_per_token = 6.0 * n_params + 12.0 * static_cast<double>(cfg.layers * a.seq * cfg.embd);
-  double first_loss = 0, last_loss = 0;
+  const tg::nn::GPTConfig cfg = config_of(a.model, a.seq);
+  tg::Generator init(1), dropout_gen(2);
+  const tg::nn::BasicGPT<tg::cuda> model(cfg, init);  // initialized on the GPU from the host generator
+  const auto params = model.named_parameters();
+  // torch_gpt_cuda.py's AdamW settings (there every parameter decays; here the matrices do, Note [which
+  // parameters decay], as train_gpt trains).
+  tg::optim::DeviceAdam<tg::cuda> opt(params, {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  tg::amp::MixedPrecision<Policy, tg::amp::default_scaler_t<Policy>, tg::cuda> amp(params, opt);
+  tg::optim::Schedule schedule = tg::optim::Constant{3e-4f};
+  tg::optim::GradAccumRuntime accum(1);
+
+  double n_params = 0;  // the tied LM head counted once (nn::count_parameters' count)
+  for (const auto& p : params) n_params += static_cast<double>(p.tensor.numel());
+  const double flops_per_token =
+      6.0 * n_params + 12.0 * static_cast<double>(cfg.n_layer * a.seq * cfg.n_embd);
   auto step = [&](int i) {
-    const auto [x, y] = tg::testing::synthetic_batch(a.batch, a.seq, cfg.vocab, 7, static_cast<std::uint64_t>(i));
-    const tg::Tensor<T, tg::cuda> loss = model.template loss<T>(x, y);
-    loss.backward();
-    model.fused_adamw_step(3e-4);
+    const auto [x, y] = tg::testing::synthetic_batch(a.batch, a.seq, cfg.vocab_size, 7, static_cast<std::uint64_t>(i));
+    const tg::Tensor<float, tg::cuda> loss = amp.loss(amp.forward(model, x, dropout_gen), y);  // fp32 loss
+    accum.scale(loss, amp.scaler).backward();
+    if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum);  // refreshes the copies
     return loss;
   };
-  for (int i = 0; i < a.warmup; ++i) first_loss = tg::scalar_cast<double>(step(i).item());
+  double first_loss = 0, last_loss = 0;
+  for (int i = 0; i < a.warmup; ++i) first_loss = static_cast<double>(step(i).item());
   tg::backend::cuda::synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  tg::Tensor<T, tg::cuda> loss;
+  tg::Tensor<float, tg::cuda> loss;
   for (int i = 0; i < a.steps; ++i) loss = step(a.warmup + i);
   tg::backend::cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  last_loss = tg::scalar_cast<double>(loss.item());
+  last_loss = static_cast<double>(loss.item());
   const double tokens = static_cast<double>(a.batch * a.seq) * a.steps;
   const double tps = tokens / secs, mfu = tps * flops_per_token / (a.peak_tflops * 1e12);
   const auto stats = tg::allocator<tg::cuda>().stats();
   std::printf("device        %s\n", tg::backend::cuda::device_description().c_str());
-  std::printf("model         %s (%.1fM parameters), %s, B=%lld T=%lld, AdamW, %d steps after %d warm-up\n",
+  std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, AdamW (DeviceAdam), "
+              "%d steps after %d warm-up\n",
               a.model.c_str(), n_params / 1e6, a.precision.c_str(), static_cast<long long>(a.batch),
               static_cast<long long>(a.seq), a.steps, a.warmup);
+  std::printf("precision     %s: weight copies %.1f MiB (refreshed %lld times), loss scaler %s\n",
+              std::string(tg::amp::policy_name<Policy>()).c_str(), static_cast<double>(amp.weights.nbytes()) / (1 << 20),
+              static_cast<long long>(amp.weights.refreshes()), decltype(amp.scaler)::kind());
   std::printf("loss          %.4f (warm-up) -> %.4f\n", first_loss, last_loss);
   std::printf("ms/step       %.1f\n", 1e3 * secs / a.steps);
   std::printf("tokens/s      %.0f\n", tps);
   std::printf("MFU           %.1f%% of %.0f TFLOP/s\n", 100 * mfu, a.peak_tflops);
   std::printf("peak memory   %.2f GiB (caching allocator)\n", static_cast<double>(stats.peak_bytes) / (1 << 30));
   std::printf("RESULT tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f loss=%.4f\n", tps, 1e3 * secs / a.steps, mfu, last_loss);
-  return std::isfinite(last_loss) ? 0 : 1;
+  if (!std::isfinite(last_loss)) {
+    std::fprintf(stderr, "bench_cuda_gpt: the loss is not finite (%g)\n", last_loss);
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -101,14 +150,14 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (tg::backend::cuda::device_count() == 0) {
-    std::fprintf(stderr, "bench_cuda_gpt: no CUDA device (%s)\n", tg::backend::cuda::device_description().c_str());
+    std::fprintf(stderr, "bench_cuda_gpt: no CUDA device (%s); this benchmark needs an NVIDIA GPU\n",
+                 tg::backend::cuda::device_description().c_str());
     return 1;
   }
   try {
-    if (a.precision == "bf16") return run<tg::bf16>(a);
-    if (a.precision == "fp16") return run<tg::fp16>(a);
-    if (a.precision == "fp32") return run<float>(a);
-    usage(("unknown precision " + a.precision).c_str());
+    if (a.precision == "bf16") return run<tg::amp::bf16_mixed>(a);
+    if (a.precision == "fp16") return run<tg::amp::fp16_mixed>(a);
+    return run<tg::amp::fp32_policy>(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_gpt: %s\n", e.what());
     return 1;

@@ -13,7 +13,9 @@ int train_on_cuda(Run& r, const tg::nn::GPT& model, const std::optional<tg::io::
   const auto gpu_params = gpu_model.named_parameters();
   const auto gpu_opt = make_device_optimizer<tg::cuda>(r.o, gpu_params);  // make_optimizer's settings
   gpu_opt->load_state(r.host_opt.state_tensors());
-  DeviceAmp<Policy> amp;
+  // Policy, its default loss scaler and per-step 16-bit weight copies on the GPU, converted here from the
+  // loaded masters (after load_state, so the copies match the optimizer's restored step count).
+  tg::amp::MixedPrecision<Policy, tg::amp::default_scaler_t<Policy>, tg::cuda> amp(gpu_params, *gpu_opt);
   restore_scaler_or_warn(amp.scaler, saved_scaler);
   auto sync_host = [&] {  // before each checkpoint: the GPU's weights and state into the host objects
     tg::nn::copy_parameter_values(gpu_params, r.params);

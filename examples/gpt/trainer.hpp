@@ -308,8 +308,11 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
 // optimizers]); before each checkpoint the weights and optimizer state are copied back into the host model
 // and optimizer and saved as a CPU run saves them, so a GPU checkpoint resumes on the CPU and the other way
 // round, for every optimizer. The generators, sampler, schedule and accumulator are host objects on both
-// devices. On the GPU, 16-bit compute converts each fp32 master per use (amp::param_as; no per-step weight
-// copies yet); fp16's DynamicScaler unscales and checks the GPU gradients in one launch
+// devices. The GPU loop runs amp::MixedPrecision<Policy, its default scaler, cuda> where the CPU loop runs
+// the CPU one: 16-bit compute reads per-step bf16/fp16 copies of the GPU masters, converted on the GPU
+// after each optimizer step that was taken (Note [master weights and per-step copies]); the copies are
+// built after the host state (so any --init-from / --resume) and the optimizer state reached the GPU, so
+// they start fresh. fp16's DynamicScaler unscales and checks the GPU gradients in one launch
 // (amp::detail::unscale_grads), and clipping sums the squares on the GPU (clip_grad_norm(DeviceOptimizer)).
 
 /// A checkpoint's loss-scaler state into `scaler` (tg::io::restore_scaler), with the warning when this run's
@@ -338,27 +341,6 @@ struct Run {
   double& loss_ema;
   std::int64_t& tokens_done;
   std::int64_t start_step;
-};
-
-/// The GPU's counterpart of amp::MixedPrecision: forward in the policy's compute type, an fp32 loss, the
-/// policy's default loss scaler (DynamicScaler for fp16), no per-step weight copies (Note [training on a GPU]).
-template <class Policy>
-struct DeviceAmp {
-  using compute_type = tg::amp::storage_t<tg::amp::op::linear, Policy>;
-  using loss_type = tg::amp::storage_t<tg::amp::op::cross_entropy, Policy>;
-  tg::amp::default_scaler_t<Policy> scaler;
-  template <class Model>
-  auto forward(const Model& model, const tg::Tensor<std::int64_t>& idx, tg::Generator& gen, bool training = true) const {
-    return model.template forward<compute_type>(idx, gen, training);
-  }
-  template <class T, class D>
-  tg::Tensor<loss_type, D> loss(const tg::Tensor<T, D>& logits, const tg::Tensor<std::int64_t>& targets) const {
-    return tg::cross_entropy_as<loss_type>(logits, targets);
-  }
-  template <class Accum>
-  bool after_step(const Accum& accum) const {
-    return !accum.last_step_skipped();
-  }
 };
 
 /// The training loop on device D: `model` and `opt` live there; `sync_host()` copies their weights and

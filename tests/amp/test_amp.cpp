@@ -50,7 +50,17 @@ static_assert(std::is_same_v<amp::promote_t<bf16, fp32>, fp32>);
 static_assert(std::is_same_v<amp::promote_t<bf16, fp16>, fp32>);
 static_assert(std::is_same_v<amp::promote_t<fp32, fp64>, fp64>);
 // The fp32 policy's MixedPrecision keeps no copies.
-static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::fp32_policy>::weights), amp::NoCopies>);
+static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::fp32_policy>::weights), amp::NoCopies<cpu>>);
+static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::fp32_policy, amp::NoScaler, cuda>::weights),
+                             amp::NoCopies<cuda>>);
+// The copies live on the masters' device; the CPU is the default.
+static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::bf16_mixed>::weights), amp::WeightCopies<bf16, cpu>>);
+static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::bf16_mixed, amp::NoScaler, cuda>::weights),
+                             amp::WeightCopies<bf16, cuda>>);
+static_assert(std::is_same_v<amp::WeightCopies<fp16>, amp::WeightCopies<fp16, cpu>>);
+// Both optimizer families can be watched for stale copies; a type without step_count() cannot.
+static_assert(amp::StepCountingOptimizer<optim::Optimizer> && amp::StepCountingOptimizer<optim::DeviceAdam<cuda>>);
+static_assert(!amp::StepCountingOptimizer<int> && !std::is_constructible_v<amp::OptimizerSteps, const int*>);
 
 TEST(AmpPolicy, RunTimeNamesBecomeTypes) {
   EXPECT_EQ(amp::with_precision("bf16", []<class P>() { return std::string(amp::policy_name<P>()); }), "bf16");
@@ -398,6 +408,75 @@ TEST(AmpWeights, StaleCopiesAreAnError) {
   copies.refresh();
   EXPECT_FALSE(copies.stale());
   EXPECT_NO_THROW(amp::UseCopies<bf16>{copies});
+}
+
+TEST(AmpWeights, StaleCopiesOnTheCpuAreDetectedWithTheHostOptimizer) {
+  // WeightCopies<bf16, cpu> spelled out, watching an AdamW: stale after each step until refresh().
+  TinySetup s(1, 8);
+  optim::AdamW opt(s.params, {.lr = 1e-2f});
+  amp::WeightCopies<bf16, cpu> copies(s.params, &opt);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  for (int step = 1; step <= 2; ++step) {
+    EXPECT_FALSE(copies.stale());
+    EXPECT_NO_THROW((amp::UseCopies<bf16, cpu>{copies}));
+    cross_entropy(s.model.forward<fp32>(s.idx), s.tgt).backward();
+    opt.step();
+    opt.zero_grad();
+    EXPECT_TRUE(copies.stale()) << "step " << step;
+    EXPECT_THROW((amp::UseCopies<bf16, cpu>{copies}), Error);
+    EXPECT_NE(copies.copy_of(wte).data()[0].bits, bf16(wte.data()[0]).bits)
+        << "the step changed the master, the copy still holds the old value (lr 1e-2 moves it past a bf16 ulp)";
+    copies.refresh();
+    EXPECT_EQ(copies.copy_of(wte).data()[0].bits, bf16(wte.data()[0]).bits);
+  }
+  EXPECT_EQ(copies.refreshes(), 3);
+}
+
+TEST(AmpWeights, StaleCopiesAreDetectedWithADeviceOptimizer) {
+  // DeviceAdam<cpu> (the device optimizers' CPU instance) is watched through its step count as the host
+  // optimizers are; MixedPrecision takes it too.
+  TinySetup s(1, 8);
+  optim::DeviceAdam<cpu> opt(s.params, {.lr = 1e-2f});
+  optim::Schedule schedule = optim::Constant{1e-2f};
+  optim::GradAccum<1> accum;
+  amp::MixedPrecision<amp::bf16_mixed, amp::NoScaler, cpu> mp(s.params, opt);
+  const auto loss = mp.loss(mp.forward(s.model, s.idx, s.gen), s.tgt);
+  accum.scale(loss, mp.scaler).backward();
+  ASSERT_TRUE(accum.micro_step(opt, schedule, std::nullopt, mp.scaler));
+  EXPECT_EQ(opt.step_count(), 1);
+  EXPECT_TRUE(mp.weights.stale());
+  try {
+    (void)mp.forward(s.model, s.idx, s.gen);
+    FAIL() << "expected tg::Error: the forward after a step without after_step() reads stale copies";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 weight copies are stale on cpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(step 1) after the last refresh() (step 0)"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(mp.after_step(accum));
+  EXPECT_FALSE(mp.weights.stale());
+  EXPECT_NO_THROW((void)mp.forward(s.model, s.idx, s.gen));
+  // Without an optimizer the copies are never stale (nothing to compare with).
+  amp::WeightCopies<bf16, cpu> unwatched(s.params, nullptr);
+  opt.step();
+  EXPECT_FALSE(unwatched.stale());
+}
+
+TEST(AmpWeights, RefreshWeightsAfterLoadingMastersOutsideTheOptimizer) {
+  // Loading weights (a checkpoint, --init-from) changes the masters without a step: the step count cannot
+  // tell, so the loader refreshes; until then the forward reads the old copies.
+  TinySetup s(1, 8);
+  TinySetup other(1, 8);
+  optim::AdamW opt(s.params, {.lr = 1e-3f});
+  amp::MixedPrecision<amp::bf16_mixed> mp(s.params, opt);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  for (std::int64_t i = 0; i < wte.numel(); ++i) other.params[0].tensor.data()[i] = wte.data()[i] + 0.5f;
+  nn::copy_parameter_values(other.params, s.params);
+  EXPECT_FALSE(mp.weights.stale()) << "no optimizer step: invisible to the step count";
+  EXPECT_NE(mp.weights.copy_of(wte).data()[0].bits, bf16(wte.data()[0]).bits) << "the copy still holds the old master";
+  mp.refresh_weights();
+  EXPECT_EQ(mp.weights.refreshes(), 2);
+  for (std::int64_t i = 0; i < wte.numel(); i += 31)
+    EXPECT_EQ(mp.weights.copy_of(wte).data()[i].bits, bf16(wte.data()[i]).bits) << "element " << i;
 }
 
 TEST(AmpWeights, GradientThroughCopyMatchesGradientThroughTo) {

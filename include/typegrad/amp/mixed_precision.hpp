@@ -1,6 +1,8 @@
 // A mixed-precision training setup as one type: a precision policy, its loss scaler (the policy's
-// default unless named) and the per-step weight copies. fp16 compute without a scaler does not compile.
-//   tg::amp::MixedPrecision<tg::amp::bf16_mixed> amp(model.named_parameters(), opt);
+// default unless named) and the per-step weight copies, on the CPU or on a device D (the masters' device).
+// fp16 compute without a scaler does not compile.
+//   tg::amp::MixedPrecision<tg::amp::bf16_mixed> amp(model.named_parameters(), opt);   // CPU, optim::Optimizer
+//   tg::amp::MixedPrecision<tg::amp::bf16_mixed, tg::amp::NoScaler, tg::cuda> gpu(gpu_model.named_parameters(), dev_opt);
 //   auto loss = amp.loss(amp.forward(model, x, gen), y);  accum.scale(loss, amp.scaler).backward();
 //   if (accum.micro_step(opt, schedule, 1.0, amp.scaler)) amp.after_step(accum);   // refreshes the copies
 #pragma once
@@ -17,15 +19,16 @@
 namespace tg::amp {
 
 /// The fp32 policy's stand-in for WeightCopies: the forward reads the masters, nothing to refresh.
+template <Device D = cpu>
 struct NoCopies {
-  explicit NoCopies(const std::vector<optim::Param>&, const optim::Optimizer* = nullptr) {}
+  explicit NoCopies(const std::vector<optim::BasicParam<D>>&, OptimizerSteps = {}) {}
   void refresh() {}
   std::int64_t refreshes() const { return 0; }
   bool stale() const { return false; }
   std::int64_t nbytes() const { return 0; }
 };
 
-template <PrecisionPolicy P, LossScaler Scaler = default_scaler_t<P>>
+template <PrecisionPolicy P, LossScaler Scaler = default_scaler_t<P>, Device D = cpu>
 class MixedPrecision {
   static_assert(!P::requires_loss_scaling || Scaler::scales_loss,
                 "tg::amp::MixedPrecision: fp16 compute (fp16_mixed) needs a loss scaler: gradients below 2^-24 "
@@ -37,16 +40,20 @@ class MixedPrecision {
   using scaler_type = Scaler;
   using compute_type = storage_t<op::linear, P>;
   using loss_type = storage_t<op::cross_entropy, P>;
+  using device_type = D;
 
-  MixedPrecision(const std::vector<optim::Param>& params, const optim::Optimizer& opt, Scaler s = Scaler{})
+  /// `params`: the model's masters on D; `opt`: the optimizer that steps them (watched, not owned: it
+  /// must outlive this object), so a forward after a step without after_step() is an error.
+  template <StepCountingOptimizer Opt>
+  MixedPrecision(const std::vector<optim::BasicParam<D>>& params, const Opt& opt, Scaler s = Scaler{})
       : scaler(std::move(s)), weights(params, &opt) {}
 
   /// model.forward<compute_type>(idx, gen, training) reading the per-step weight copies.
   template <class Model>
-  Tensor<compute_type> forward(const Model& model, const Tensor<std::int64_t>& idx, Generator& gen,
-                               bool training = true) const {
+  Tensor<compute_type, D> forward(const Model& model, const Tensor<std::int64_t>& idx, Generator& gen,
+                                  bool training = true) const {
     if constexpr (P::uses_weight_copies) {
-      UseCopies<compute_type> use(weights);
+      UseCopies<compute_type, D> use(weights);
       return model.template forward<compute_type>(idx, gen, training);
     } else {
       return model.template forward<compute_type>(idx, gen, training);
@@ -54,11 +61,11 @@ class MixedPrecision {
   }
   /// Mean cross-entropy stored in fp32 (the loss is an fp32_math op; Note [autocast rules]).
   template <FloatingElement T>
-  Tensor<loss_type> loss(const Tensor<T>& logits, const Tensor<std::int64_t>& targets) const {
+  Tensor<loss_type, D> loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
     return cross_entropy_as<loss_type>(logits, targets);
   }
   /// After a step boundary (micro_step returned true): refreshes the weight copies when the step was taken.
-  /// Returns whether it refreshed.
+  /// Returns whether the step was taken (and so the copies refreshed, under a policy that has them).
   template <class Accum>
   bool after_step(const Accum& accum) {
     if (accum.last_step_skipped()) return false;
@@ -66,8 +73,12 @@ class MixedPrecision {
     return true;
   }
 
+  /// Re-converts the copies from the masters now: after code that changed the masters outside an optimizer
+  /// step (loading a checkpoint or weights into the model). A no-op under a policy without copies.
+  void refresh_weights() { weights.refresh(); }
+
   Scaler scaler;
-  std::conditional_t<P::uses_weight_copies, WeightCopies<compute_type>, NoCopies> weights;
+  std::conditional_t<P::uses_weight_copies, WeightCopies<compute_type, D>, NoCopies<D>> weights;
 };
 
 }  // namespace tg::amp

@@ -46,16 +46,22 @@ Tensor<fp32, D> parameter_on(const Tensor<fp32, S>& src) {
 template <Device D = cpu>
 Tensor<fp32, D> normal_parameter(const Shape& shape, float stddev, Generator& gen) {
   Tensor<fp32> t = Tensor<fp32>::normal(shape, 0.f, stddev, gen);
-  if constexpr (!std::is_same_v<D, cpu>) return parameter_on<D>(t);
-  t.requires_grad_();
-  return t;
+  if constexpr (!std::is_same_v<D, cpu>) {
+    return parameter_on<D>(t);
+  } else {
+    t.requires_grad_();
+    return t;
+  }
 }
 template <Device D = cpu>
 Tensor<fp32, D> constant_parameter(const Shape& shape, double value) {
   Tensor<fp32> t = Tensor<fp32>::full(shape, value);
-  if constexpr (!std::is_same_v<D, cpu>) return parameter_on<D>(t);
-  t.requires_grad_();
-  return t;
+  if constexpr (!std::is_same_v<D, cpu>) {
+    return parameter_on<D>(t);
+  } else {
+    t.requires_grad_();
+    return t;
+  }
 }
 
 /// Copies the values of `from` into `to` in place (same names and shapes, in order; any devices): how a
