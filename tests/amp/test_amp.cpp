@@ -36,6 +36,8 @@ static_assert(std::is_same_v<amp::default_scaler_t<amp::fp32_policy>, amp::NoSca
 // GEMM-like ops store in the compute type and accumulate in fp32.
 static_assert(std::is_same_v<amp::storage_t<amp::op::linear, amp::bf16_mixed>, bf16>);
 static_assert(std::is_same_v<amp::math_t<amp::op::linear, amp::bf16_mixed>, fp32>);
+static_assert(std::is_same_v<amp::storage_t<amp::op::linear_gelu, amp::fp16_mixed>, fp16>);  // a GEMM, not an elementwise op
+static_assert(std::is_same_v<amp::math_t<amp::op::linear_gelu, amp::fp16_mixed>, fp32>);
 static_assert(std::is_same_v<amp::storage_t<amp::op::attention, amp::fp16_mixed>, fp16>);
 // Numerically sensitive ops compute in fp32; the loss is stored in fp32.
 static_assert(std::is_same_v<amp::math_t<amp::op::softmax, amp::bf16_mixed>, fp32>);

@@ -16,6 +16,7 @@ namespace tg::amp {
 namespace op {
 struct matmul {};
 struct linear {};
+struct linear_gelu {};  // linear_gelu_tanh: the GEMM with its GELU epilogue (the GELU runs on the fp32 sum)
 struct attention {};  // the QKᵀ and PV products; its softmax follows op::softmax
 struct embedding {};
 struct softmax {};
@@ -47,6 +48,7 @@ template <class Op>
 struct rule_of;
 template <> struct rule_of<op::matmul> { static constexpr Rule value = Rule::gemm; };
 template <> struct rule_of<op::linear> { static constexpr Rule value = Rule::gemm; };
+template <> struct rule_of<op::linear_gelu> { static constexpr Rule value = Rule::gemm; };
 template <> struct rule_of<op::attention> { static constexpr Rule value = Rule::gemm; };
 template <> struct rule_of<op::embedding> { static constexpr Rule value = Rule::gemm; };  // a gather of the GEMM-typed copy
 template <> struct rule_of<op::softmax> { static constexpr Rule value = Rule::fp32_math; };
