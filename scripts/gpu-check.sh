@@ -11,8 +11,14 @@
 # of time is reported as "timed out" in the table (and fails the check) instead of stopping the script.
 # A missing piece (no driver, no GPU, no nvcc, a failed configure or build) stops it early with a message
 # naming that piece.
+# Build dependencies (Eigen, nlohmann_json, CLI11, GoogleTest) come from the system, or from `.gpu-deps/`
+# when it exists (scripts/gpu-deps.sh packs them on a Debian machine, for a GPU machine with no network).
+# TG_GPU_PREBUILT=DIR skips configure and build and runs the binaries of a CUDA build made elsewhere
+# (DIR/tests/test_cuda, DIR/tests/test_ops, DIR/tests/bench_cuda_gpt, DIR/examples/gpt/train_gpt), for a
+# GPU machine without a compiler or with too little time to build.
 #   bash scripts/gpu-check.sh                 # from the repository root
 #   TG_GPU_ARCH=80 BENCH_ARGS="--batch 8" bash scripts/gpu-check.sh
+#   TG_GPU_PREBUILT=build/cuda bash scripts/gpu-check.sh
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -23,6 +29,8 @@ BUILD=${TG_GPU_BUILD:-build/gpu}
 JOBS=${TG_GPU_JOBS:-$(nproc)}
 BENCH_ARGS=${BENCH_ARGS:-"--model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10 --warmup 2"}
 LOG=$BUILD/gpu-check-logs
+PREBUILT=${TG_GPU_PREBUILT:-}
+BIN=${PREBUILT:-$BUILD}  # where the binaries are
 die() {
   echo "gpu-check: FAILED: $*" >&2
   exit 1
@@ -69,46 +77,57 @@ command -v nvidia-smi >/dev/null || die "nvidia-smi not found: no NVIDIA driver 
 GPU=$(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1) ||
   die "nvidia-smi cannot query the GPU (or took over 30 s): $GPU"
 [ -n "$GPU" ] || die "nvidia-smi lists no GPU"
-NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-[ -x "$NVCC" ] || die "nvcc not found (looked on PATH and at /usr/local/cuda/bin/nvcc; set CUDACXX)"
-command -v cmake >/dev/null || die "cmake not found"
 command -v timeout >/dev/null || die "timeout (coreutils) not found"
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
 mkdir -p "$LOG"
-step "GPU: $GPU; nvcc: $("$NVCC" --version | tail -1); budget ${BUDGET} s"
-
-# ---- configure + build (tests, the trainer and the GPU benchmark only) -----------------------------------------
-AFTER_BUILD=$((TESTS_MIN + TRAINER_MIN + BENCH_MIN + TORCH_MIN))
-step "configure ($BUILD, sm_$ARCH)"
-configure() {  # examples ON|OFF
-  limited "$(stage_limit 90 $((AFTER_BUILD + 60)))" "$LOG/configure.log" \
-    cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTG_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTG_BUILD_BENCHMARKS=OFF -DTG_BUILD_EXAMPLES="$1" -DTG_BUILD_TESTS=ON
-}
 TRAINER_NOTE=""
-configure ON
-RC=$?
-if [ "$RC" != 0 ]; then  # train_gpt needs CLI11; without it, the rest still runs
-  timed_out "$RC" && die "cmake configure ran out of time ($LOG/configure.log)"
-  if grep -q CLI11 "$LOG/configure.log" && configure OFF; then
-    TRAINER_NOTE="not built: CLI11 missing ($LOG/configure.log)"
-  else
-    grep -E "Could not find|not found|Error" "$LOG/configure.log" | head -5 >&2
-    die "cmake configure failed (a missing package is named above; full log: $LOG/configure.log)"
+if [ -n "$PREBUILT" ]; then
+  for b in tests/test_cuda tests/test_ops tests/bench_cuda_gpt; do
+    [ -x "$BIN/$b" ] || die "TG_GPU_PREBUILT=$PREBUILT has no $b"
+  done
+  [ -x "$BIN/examples/gpt/train_gpt" ] || TRAINER_NOTE="not run: $PREBUILT has no examples/gpt/train_gpt"
+  step "GPU: $GPU; prebuilt binaries from $PREBUILT; budget ${BUDGET} s"
+else
+  NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  [ -x "$NVCC" ] || die "nvcc not found (looked on PATH and at /usr/local/cuda/bin/nvcc; set CUDACXX)"
+  command -v cmake >/dev/null || die "cmake not found"
+  GEN=()
+  command -v ninja >/dev/null && GEN=(-G Ninja)
+  if [ -d .gpu-deps ]; then  # packed by scripts/gpu-deps.sh
+    export CMAKE_PREFIX_PATH="$PWD/.gpu-deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   fi
-fi
-TARGETS=(test_cuda test_ops bench_cuda_gpt)
-[ -z "$TRAINER_NOTE" ] && TARGETS+=(train_gpt)
-BUILD_LIMIT=$(stage_limit 300 "$AFTER_BUILD")
-step "build ${TARGETS[*]} (-j$JOBS, at most ${BUILD_LIMIT} s)"
-limited "$BUILD_LIMIT" "$LOG/build.log" cmake --build "$BUILD" --target "${TARGETS[@]}" -j"$JOBS"
-RC=$?
-if [ "$RC" != 0 ]; then
-  timed_out "$RC" && die "the build ran out of time after ${BUILD_LIMIT} s (nothing to test; $LOG/build.log)"
-  grep -E "error|Error" "$LOG/build.log" | head -10 >&2
-  die "build failed (full log: $LOG/build.log)"
-fi
+  step "GPU: $GPU; nvcc: $("$NVCC" --version | tail -1); $(cmake --version | head -1); budget ${BUDGET} s"
+
+  # ---- configure + build (tests, the trainer and the GPU benchmark only) ---------------------------------------
+  AFTER_BUILD=$((TESTS_MIN + TRAINER_MIN + BENCH_MIN + TORCH_MIN))
+  step "configure ($BUILD, sm_$ARCH)"
+  configure() {  # examples ON|OFF
+    limited "$(stage_limit 90 $((AFTER_BUILD + 60)))" "$LOG/configure.log" \
+      cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTG_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" \
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTG_BUILD_BENCHMARKS=OFF -DTG_BUILD_EXAMPLES="$1" -DTG_BUILD_TESTS=ON
+  }
+  configure ON
+  RC=$?
+  if [ "$RC" != 0 ]; then  # train_gpt needs CLI11; without it, the rest still runs
+    timed_out "$RC" && die "cmake configure ran out of time ($LOG/configure.log)"
+    if grep -q CLI11 "$LOG/configure.log" && configure OFF; then
+      TRAINER_NOTE="not built: CLI11 missing ($LOG/configure.log)"
+    else
+      grep -E "Could not find|not found|Error" "$LOG/configure.log" | head -5 >&2
+      die "cmake configure failed (a missing package is named above; full log: $LOG/configure.log)"
+    fi
+  fi
+  TARGETS=(test_cuda test_ops bench_cuda_gpt)
+  [ -z "$TRAINER_NOTE" ] && TARGETS+=(train_gpt)
+  BUILD_LIMIT=$(stage_limit 300 "$AFTER_BUILD")
+  step "build ${TARGETS[*]} (-j$JOBS, at most ${BUILD_LIMIT} s)"
+  limited "$BUILD_LIMIT" "$LOG/build.log" cmake --build "$BUILD" --target "${TARGETS[@]}" -j"$JOBS"
+  RC=$?
+  if [ "$RC" != 0 ]; then
+    timed_out "$RC" && die "the build ran out of time after ${BUILD_LIMIT} s (nothing to test; $LOG/build.log)"
+    grep -E "error|Error" "$LOG/build.log" | head -10 >&2
+    die "build failed (full log: $LOG/build.log)"
+  fi
+fi  # TG_GPU_PREBUILT
 
 # ---- GPU tests -------------------------------------------------------------------------------------------------
 # Counted from gtest's per-test result lines ("[       OK ] Suite.Name (12 ms)", "[  FAILED  ] ... (3 ms)",
@@ -132,9 +151,9 @@ count_results() {
 TESTS_LIMIT=$(stage_limit 150 $((TRAINER_MIN + BENCH_MIN + TORCH_MIN)))
 step "GPU tests: test_cuda and test_ops '*cuda*' side by side (at most ${TESTS_LIMIT} s)"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-limited "$TESTS_LIMIT" "$LOG/test_cuda.log" "$BUILD/tests/test_cuda" &
+limited "$TESTS_LIMIT" "$LOG/test_cuda.log" "$BIN/tests/test_cuda" &
 PID_CUDA=$!
-limited "$TESTS_LIMIT" "$LOG/test_ops.log" "$BUILD/tests/test_ops" --gtest_filter='*cuda*' &
+limited "$TESTS_LIMIT" "$LOG/test_ops.log" "$BIN/tests/test_ops" --gtest_filter='*cuda*' &
 PID_OPS=$!
 wait "$PID_CUDA"
 CRC=$?
@@ -161,7 +180,7 @@ TRAINER="$TRAINER_NOTE"
 if [ -z "$TRAINER_NOTE" ]; then
   TRAINER_LIMIT=$(stage_limit 120 $((BENCH_MIN + TORCH_MIN)))
   step "train_gpt --device cuda (tests/trainer/train_gpt_cuda.sh, at most ${TRAINER_LIMIT} s)"
-  limited "$TRAINER_LIMIT" "$LOG/trainer_cuda.log" bash tests/trainer/train_gpt_cuda.sh "$BUILD/examples/gpt/train_gpt" "$BUILD/trainer-cuda"
+  limited "$TRAINER_LIMIT" "$LOG/trainer_cuda.log" bash tests/trainer/train_gpt_cuda.sh "$BIN/examples/gpt/train_gpt" "$BUILD/trainer-cuda"
   TRC=$?
   tail -5 "$LOG/trainer_cuda.log"
   SPEED=$(grep -h "speed" "$BUILD/trainer-cuda/gpu_bf16.out" 2>/dev/null | sed 's/^ *speed *//')
@@ -171,14 +190,14 @@ if [ -z "$TRAINER_NOTE" ]; then
     TRAINER="$(outcome "$TRC" "$TRAINER_LIMIT") ($LOG/trainer_cuda.log)"
     TESTS_OK=0
   fi
-fi
+fi  # TG_GPU_PREBUILT
 
 # ---- benchmarks ----------------------------------------------------------------------------------------------
 field() { grep -Eo "$1=[0-9.]+" "$2" | head -1 | cut -d= -f2; }
 BENCH_LIMIT=$(stage_limit 90 "$TORCH_MIN")
 step "typegrad GPU benchmark: $BENCH_ARGS (at most ${BENCH_LIMIT} s)"
 # shellcheck disable=SC2086
-limited "$BENCH_LIMIT" "$LOG/bench_typegrad.log" "$BUILD/tests/bench_cuda_gpt" $BENCH_ARGS
+limited "$BENCH_LIMIT" "$LOG/bench_typegrad.log" "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS
 BRC=$?
 cat "$LOG/bench_typegrad.log"
 TG_TPS=$(field tokens_per_s "$LOG/bench_typegrad.log")

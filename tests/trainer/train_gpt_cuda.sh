@@ -27,7 +27,7 @@ C=("${DATA[@]}" --warmup 2 --batch 4 --seq 32 --grad-accum 2 --eval-every 3 --ev
 losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 # close A B ATOL RTOL: the (step, loss) lines of A and B pair up and agree within ATOL + RTOL·|loss|.
 close() {
-  /usr/bin/python3 - "$1" "$2" "$3" "$4" <<'PY'
+  python3 - "$1" "$2" "$3" "$4" <<'PY'
 import sys
 a = [l.split() for l in open(sys.argv[1]) if l.strip()]
 b = [l.split() for l in open(sys.argv[2]) if l.strip()]
