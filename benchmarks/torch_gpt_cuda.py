@@ -67,7 +67,7 @@ def main():
             for b in self.h:
                 x = b(x)
             logits = F.linear(self.ln_f(x), self.wte.weight)
-            return F.cross_entropy(logits.view(-1, V).float(), targets.view(-1))
+            return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1))  # targets: a strided slice
 
     torch.manual_seed(1)
     model = GPT().to(dev)
