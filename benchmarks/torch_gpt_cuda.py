@@ -71,6 +71,15 @@ def main():
 
     torch.manual_seed(1)
     model = GPT().to(dev)
+    # GPT-2's initialisation (as nn::BasicGPT): N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) for the residual
+    # projections, zero biases. PyTorch's default N(0, 1) embeddings through the tied head would start the
+    # loss near 200 instead of ln V.
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            std = 0.02 / math.sqrt(2 * L) if name.endswith(("attn_proj", "mlp_proj")) else 0.02
+            nn.init.normal_(m.weight, std=std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
     n_params = sum(p.numel() for p in model.parameters())
     step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
