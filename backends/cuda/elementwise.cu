@@ -17,7 +17,11 @@ namespace {
 // ---- kernels --------------------------------------------------------------------------------------------
 template <class S, class T>
 __global__ void copy_kernel(const S* src, T* dst, std::int64_t n, Geo g) {
-  TG_GRID_STRIDE(i, n) dst[g.offset(i, 1)] = scalar_cast<T>(src[g.offset(i, 0)]);
+  TG_GRID_STRIDE(i, n) {
+    std::int64_t off[2];
+    g.offsets(i, off);
+    dst[off[1]] = scalar_cast<T>(src[off[0]]);
+  }
 }
 template <class S, class T>
 __global__ void copy_contiguous_kernel(const S* src, T* dst, std::int64_t n) {
@@ -28,7 +32,9 @@ template <class T>
 __global__ void binary_kernel(math::Binary op, const T* a, const T* b, T* out, std::int64_t n, Geo g) {
   using A = acc_t<T>;
   TG_GRID_STRIDE(i, n) {
-    const A x = scalar_cast<A>(a[g.offset(i, 0)]), y = scalar_cast<A>(b[g.offset(i, 1)]);
+    std::int64_t off[2];
+    g.offsets(i, off);
+    const A x = scalar_cast<A>(a[off[0]]), y = scalar_cast<A>(b[off[1]]);
     out[i] = scalar_cast<T>(math::apply<A>(op, x, y));
   }
 }
@@ -44,10 +50,12 @@ __global__ void unary_backward_kernel(math::Unary op, const T* saved, const T* d
   using A = acc_t<T>;
   const bool out_saved = math::uses_output(op);
   TG_GRID_STRIDE(i, n) {
-    const A s = scalar_cast<A>(saved[g.offset(i, 0)]);
+    std::int64_t off[2];
+    g.offsets(i, off);
+    const A s = scalar_cast<A>(saved[off[0]]);
     // the saved value goes in the slot math::grad reads (x or y), as on the CPU
     const A d = out_saved ? math::grad<A>(op, A(0), s) : math::grad<A>(op, s, A(0));
-    dx[i] = scalar_cast<T>(scalar_cast<A>(dy[g.offset(i, 1)]) * d);
+    dx[i] = scalar_cast<T>(scalar_cast<A>(dy[off[1]]) * d);
   }
 }
 
@@ -64,7 +72,11 @@ __global__ void dropout_kernel(const T* x, T* y, std::int64_t n, Geo g, std::uin
 
 template <class T>
 __global__ void masked_fill_kernel(const T* x, const std::uint8_t* mask, T value, T* y, std::int64_t n, Geo g) {
-  TG_GRID_STRIDE(i, n) y[i] = mask[g.offset(i, 1)] ? value : x[g.offset(i, 0)];
+  TG_GRID_STRIDE(i, n) {
+    std::int64_t off[2];
+    g.offsets(i, off);
+    y[i] = mask[off[1]] ? value : x[off[0]];
+  }
 }
 
 bool contiguous(const Shape& sizes, const Shape& strides) { return strides == contiguous_strides(sizes); }
@@ -77,7 +89,12 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
   const std::int64_t n = sizes.numel();
   if (n == 0) return;
   if (contiguous(sizes, src_strides) && contiguous(sizes, dst_strides)) {
-    copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n);
+    if constexpr (std::is_same_v<S, T>) {  // the copy engine's path, at memory bandwidth
+      TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, detail::stream()));
+      return;
+    } else {
+      copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n);
+    }
   } else {
     copy_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n, detail::make_geo(sizes, src_strides, dst_strides));
   }

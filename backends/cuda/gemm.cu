@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "typegrad/core/allocator.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
 #include "typegrad/detail/cuda/kernels.hpp"
 
@@ -149,6 +150,50 @@ __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_
   }
 }
 
+// Note [16-byte aligned GEMM operands]
+// cuBLASLt's Hopper kernels want every matrix at a 16-byte aligned address with a row stride that is a
+// multiple of 16 bytes (8 bf16/fp16 elements). Otherwise its heuristic falls back to kernels of an older
+// generation that load 2 bytes at a time: on an H200 the GPT-2 LM head (vocabulary 50257, so the logits'
+// row stride is odd) ran its three GEMMs (logits, dX, dW) through cutlass_75 "align1" kernels at about
+// 100 TFLOP/s, 21% of the training step's GPU time (docs/performance.md). A 16-bit GEMM (not batched, no
+// GELU epilogue) with such an operand copies it into a block whose row stride is rounded up to 16 bytes
+// (cudaMemcpy2DAsync: the copy engine, one read and one write of the matrix), computes C there and copies
+// it back; the copies cost far less than the slow kernel. The blocks come from the caching allocator and
+// go back to it as soon as the work is enqueued: its free lists are per stream, so a later allocation on
+// this stream is ordered after the copies.
+
+/// A device block of the caching allocator for the length of one call.
+class Scratch {
+ public:
+  explicit Scratch(std::size_t bytes) : bytes_(bytes), p_(bytes ? ::tg::allocator<::tg::cuda>().allocate(bytes) : nullptr) {}
+  ~Scratch() {
+    if (p_) ::tg::allocator<::tg::cuda>().deallocate(p_, bytes_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  std::size_t bytes_;
+  void* p_;
+};
+
+bool aligned16(const void* p, std::int64_t ld, std::size_t elem) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (static_cast<std::size_t>(ld) * elem) % 16 == 0;
+}
+std::int64_t ld_rounded_to_16_bytes(std::int64_t width, std::size_t elem) {
+  const auto q = static_cast<std::int64_t>(16 / elem);
+  return (width + q - 1) / q * q;
+}
+/// Copies the row-major [rows, width] matrix with row stride from_ld into one with row stride to_ld.
+void copy_rows(void* to, std::int64_t to_ld, const void* from, std::int64_t from_ld, std::int64_t rows,
+               std::int64_t width, std::size_t elem, cudaStream_t stream) {
+  if (rows == 1) from_ld = std::max(from_ld, width);  // one row: its stride is never used
+  TG_CUDA_CHECK(cudaMemcpy2DAsync(to, static_cast<std::size_t>(to_ld) * elem, from, static_cast<std::size_t>(from_ld) * elem,
+                                  static_cast<std::size_t>(width) * elem, static_cast<std::size_t>(rows),
+                                  cudaMemcpyDeviceToDevice, stream));
+}
+
 /// Runs the GEMM; with `gelu` only through cuBLASLt's GELU_AUX(_BIAS) epilogue, and returns false
 /// (having written nothing) when Lt has no algorithm for it, so the caller can run the composite. Without
 /// `gelu` it always completes (cuBLAS and a bias kernel when Lt has no algorithm) and returns true.
@@ -170,6 +215,32 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     return true;
   }
   static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
+  if constexpr (sizeof(T) == 2) {  // Note [16-byte aligned GEMM operands]
+    const bool fix_a = !aligned16(a, g.lda, sizeof(T)), fix_b = !aligned16(b, g.ldb, sizeof(T)),
+               fix_c = !aligned16(c, g.ldc, sizeof(TC));
+    if (g.batch == 1 && !gelu && (fix_a || fix_b || fix_c)) {
+      const cudaStream_t stream = detail::stream();
+      // stored row-major shapes (Note [row-major GEMMs on column-major cuBLAS]): Trans::T keeps the transpose
+      const std::int64_t a_rows = g.ta == Trans::N ? g.M : g.K, a_width = g.ta == Trans::N ? g.K : g.M;
+      const std::int64_t b_rows = g.tb == Trans::N ? g.K : g.N, b_width = g.tb == Trans::N ? g.N : g.K;
+      Gemm r = g;
+      if (fix_a) r.lda = ld_rounded_to_16_bytes(a_width, sizeof(T));
+      if (fix_b) r.ldb = ld_rounded_to_16_bytes(b_width, sizeof(T));
+      if (fix_c) r.ldc = ld_rounded_to_16_bytes(g.N, sizeof(TC));
+      const Scratch sa(fix_a ? static_cast<std::size_t>(a_rows * r.lda) * sizeof(T) : 0),
+          sb(fix_b ? static_cast<std::size_t>(b_rows * r.ldb) * sizeof(T) : 0),
+          sc(fix_c ? static_cast<std::size_t>(g.M * r.ldc) * sizeof(TC) : 0);
+      const T* ra = fix_a ? static_cast<const T*>(sa.get()) : a;
+      const T* rb = fix_b ? static_cast<const T*>(sb.get()) : b;
+      TC* rc = fix_c ? static_cast<TC*>(sc.get()) : c;
+      if (fix_a) copy_rows(sa.get(), r.lda, a, g.lda, a_rows, a_width, sizeof(T), stream);
+      if (fix_b) copy_rows(sb.get(), r.ldb, b, g.ldb, b_rows, b_width, sizeof(T), stream);
+      if (fix_c && beta != 0) copy_rows(rc, r.ldc, c, g.ldc, g.M, g.N, sizeof(TC), stream);
+      run_gemm<T, TC>(r, ra, rb, rc, alpha, beta, bias, nullptr);
+      if (fix_c) copy_rows(c, g.ldc, rc, r.ldc, g.M, g.N, sizeof(TC), stream);
+      return true;
+    }
+  }
   Blas& h = blas();
   const cudaStream_t stream = detail::stream();
   const cudaDataType_t ab_type = cuda_type<T>(), c_type = cuda_type<TC>();

@@ -45,13 +45,54 @@ TEST(CudaGeometry, MergedOffsetsEqualThePerDimOffsets) {
     const auto g = make_geo(c.sizes, c.s0, c.s1, c.s2);
     EXPECT_LE(g.nd, c.sizes.size()) << c.name;
     const Shape* sets[3] = {&c.s0, &c.s1, &c.s2};
-    for (std::int64_t i = 0; i < c.sizes.numel(); ++i)
-      for (int s = 0; s < 3; ++s)
-        ASSERT_EQ(g.offset(i, s), naive_offset(i, c.sizes, *sets[s])) << c.name << ": index " << i << ", set " << s;
+    EXPECT_TRUE(g.narrow) << c.name;
+    for (std::int64_t i = 0; i < c.sizes.numel(); ++i) {
+      std::int64_t two[2], three[3];
+      g.offsets(i, two);
+      g.offsets(i, three);
+      for (int s = 0; s < 3; ++s) {
+        const std::int64_t want = naive_offset(i, c.sizes, *sets[s]);
+        ASSERT_EQ(g.offset(i, s), want) << c.name << ": index " << i << ", set " << s;
+        ASSERT_EQ(three[s], want) << c.name << ": offsets<3>, index " << i << ", set " << s;
+        if (s < 2) ASSERT_EQ(two[s], want) << c.name << ": offsets<2>, index " << i << ", set " << s;
+      }
+    }
   }
   // merging works: a contiguous tensor is one dim, a (B,T,C) + (C) broadcast two
   EXPECT_EQ(make_geo({4, 5, 6}, {30, 6, 1}, {30, 6, 1}).nd, 1);
   EXPECT_EQ(make_geo({4, 5, 6}, {30, 6, 1}, {0, 0, 1}).nd, 2);
+}
+
+// Index spaces of 2^32 elements or more split indices with 64-bit division; below that with 32-bit. Both
+// are checked at the indices where a 32-bit split would go wrong (past 2^32) or is at its limit.
+TEST(CudaGeometry, WideAndNarrowIndexSpacesGiveThePerDimOffsets) {
+  struct Case {
+    const char* name;
+    Shape sizes, s0, s1;
+    bool narrow;
+  };
+  const std::int64_t big = std::int64_t{1} << 20;
+  const std::vector<Case> cases = {
+      // a (2^20, 2^13) tensor read transposed: 2^33 elements
+      {"wide transpose", {big, 8192}, {1, big}, {8192, 1}, false},
+      // (65535, 65537) = 2^32 - 1 elements: the largest narrow space
+      {"narrow limit", {65535, 65537}, {1, 65535}, {65537, 1}, true},
+      {"wide permute", {2, big, 4096}, {4096, 8192, 1}, {std::int64_t{4096} * big, 1, big}, false},
+  };
+  for (const auto& c : cases) {
+    const auto g = make_geo(c.sizes, c.s0, c.s1);
+    EXPECT_EQ(g.narrow, c.narrow) << c.name;
+    const std::int64_t n = c.sizes.numel();
+    for (const std::int64_t i : {std::int64_t{0}, std::int64_t{1}, n / 3, (std::int64_t{1} << 32) - 1,
+                                 std::int64_t{1} << 32, (std::int64_t{1} << 32) + 12345, n - 2, n - 1}) {
+      if (i >= n) continue;
+      std::int64_t off[2];
+      g.offsets(i, off);
+      EXPECT_EQ(off[0], naive_offset(i, c.sizes, c.s0)) << c.name << ": index " << i;
+      EXPECT_EQ(off[1], naive_offset(i, c.sizes, c.s1)) << c.name << ": index " << i;
+      EXPECT_EQ(g.offset(i, 1), off[1]) << c.name << ": index " << i;
+    }
+  }
 }
 
 /// Host emulation of matmul_strided through a plan: each for_each call is one strided-batched GEMM of

@@ -16,18 +16,45 @@ namespace tg::backend::cuda::detail {
 /// Sizes and up to three stride sets of one index space, by value (a kernel parameter).
 struct Geo {
   int nd = 0;
+  bool narrow = false;  // under 2^32 elements: indices are split with 32-bit division
   std::int64_t size[kMaxDims] = {};
   std::int64_t st[3][kMaxDims] = {};
   /// Offset in stride set s of row-major linear index i.
   TG_HOST_DEVICE TG_INLINE std::int64_t offset(std::int64_t i, int s) const {
     if (nd == 1) return i * st[s][0];  // i < size[0]: no division (contiguous and merged operands)
-    std::int64_t off = 0;
-    for (int d = nd - 1; d >= 0; --d) {
-      const std::int64_t q = i / size[d];
-      off += (i - q * size[d]) * st[s][d];
-      i = q;
+    std::int64_t off[1] = {0};
+    if (narrow) walk<std::uint32_t>(i, s, off);
+    else walk<std::int64_t>(i, s, off);
+    return off[0];
+  }
+  /// Offsets in stride sets 0 … N-1 of row-major linear index i, splitting i once for all of them (a
+  /// kernel with two strided operands pays one division per dim, not two).
+  template <int N>
+  TG_HOST_DEVICE TG_INLINE void offsets(std::int64_t i, std::int64_t (&off)[N]) const {
+    static_assert(N >= 1 && N <= 3);
+    for (int s = 0; s < N; ++s) off[s] = 0;
+    if (nd == 1) {
+      for (int s = 0; s < N; ++s) off[s] = i * st[s][0];
+    } else if (narrow) {
+      walk<std::uint32_t>(i, 0, off);
+    } else {
+      walk<std::int64_t>(i, 0, off);
     }
-    return off;
+  }
+
+ private:
+  // Adds to off[k] the offset of index i in stride set first + k. 64-bit integer division is emulated on
+  // GPUs (several times the instructions of 32-bit), hence the index type I.
+  template <class I, int N>
+  TG_HOST_DEVICE TG_INLINE void walk(std::int64_t i, int first, std::int64_t (&off)[N]) const {
+    I j = static_cast<I>(i);
+    for (int d = nd - 1; d >= 0; --d) {
+      const I n = static_cast<I>(size[d]);
+      const I q = j / n;
+      const auto coord = static_cast<std::int64_t>(j - q * n);
+      for (int k = 0; k < N; ++k) off[k] += coord * st[first + k][d];
+      j = q;
+    }
   }
 };
 
@@ -54,6 +81,7 @@ inline Geo make_geo(const Shape& sizes, const Shape& s0, const Shape& s1 = Shape
     for (int s = 0; s < 3; ++s) g.st[s][g.nd] = stride(s, d);
     ++g.nd;
   }
+  g.narrow = sizes.numel() <= std::int64_t{0xFFFFFFFF};
   return g;
 }
 
