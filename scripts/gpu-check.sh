@@ -99,6 +99,10 @@ else
 
   # ---- configure + build (tests, the trainer and the GPU benchmark only) ---------------------------------------
   AFTER_BUILD=$((TESTS_MIN + TRAINER_MIN + BENCH_MIN + TORCH_MIN))
+  # configure gets what is left above the build's 60 s and the later stages' minimums: at least 10 s
+  NEEDED=$((AFTER_BUILD + 60 + KILL_GRACE + 10))
+  [ "$BUDGET" -ge "$NEEDED" ] ||
+    die "TG_GPU_BUDGET=$BUDGET s is under the $NEEDED s that configure, build and the later stages need at least"
   step "configure ($BUILD, sm_$ARCH)"
   configure() {  # examples ON|OFF
     limited "$(stage_limit 90 $((AFTER_BUILD + 60)))" "$LOG/configure.log" \

@@ -158,9 +158,16 @@ __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_
 // 100 TFLOP/s, 21% of the training step's GPU time (docs/performance.md). A 16-bit GEMM (not batched, no
 // GELU epilogue) with such an operand copies it into a block whose row stride is rounded up to 16 bytes
 // (cudaMemcpy2DAsync: the copy engine, one read and one write of the matrix), computes C there and copies
-// it back; the copies cost far less than the slow kernel. The blocks come from the caching allocator and
-// go back to it as soon as the work is enqueued: its free lists are per stream, so a later allocation on
-// this stream is ordered after the copies.
+// it back; the copies cost far less than the slow kernel. Only GEMMs of at least 2^30 multiply-adds do
+// this: for small ones the extra launches and allocations cost more than a faster kernel saves. (In the
+// H200 run where every misaligned 16-bit GEMM went through the copies, its 1215 CPU-vs-CUDA op tests
+// passed with tiny odd shapes taking this path, and the tiny trainer of tests/trainer/train_gpt_cuda.sh
+// ran at 44.6 ms/step against 32.5 and 34.8 before: a slowdown the copies may explain, not isolated.)
+// What it did for GPT-2 on the H200 (ncu): the LM head's dW GEMM moved to an aligned kernel (10.6 ->
+// 3.1 ms), but the logits and dX GEMMs still got align1 kernels with 16-byte row strides, so the odd
+// extent (50257) itself counts for them too; padding that extent with zeros is the next step.
+// The blocks come from the caching allocator and go back to it as soon as the work is enqueued: its free
+// lists are per stream, so a later allocation on this stream is ordered after the copies.
 
 /// A device block of the caching allocator for the length of one call.
 class Scratch {
@@ -218,7 +225,8 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   if constexpr (sizeof(T) == 2) {  // Note [16-byte aligned GEMM operands]
     const bool fix_a = !aligned16(a, g.lda, sizeof(T)), fix_b = !aligned16(b, g.ldb, sizeof(T)),
                fix_c = !aligned16(c, g.ldc, sizeof(TC));
-    if (g.batch == 1 && !gelu && (fix_a || fix_b || fix_c)) {
+    const bool large = static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K) >= 0x1p30;
+    if (g.batch == 1 && !gelu && large && (fix_a || fix_b || fix_c)) {
       const cudaStream_t stream = detail::stream();
       // stored row-major shapes (Note [row-major GEMMs on column-major cuBLAS]): Trans::T keeps the transpose
       const std::int64_t a_rows = g.ta == Trans::N ? g.M : g.K, a_width = g.ta == Trans::N ? g.K : g.M;

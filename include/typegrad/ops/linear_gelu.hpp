@@ -27,7 +27,8 @@ namespace tg {
 //   names it only "GELU", but PyTorch's reference decomposition of its cuBLASLt-backed
 //   _addmm_activation(use_gelu=True) is gelu(approximate="tanh") on CUDA (torch/_decomp/decompositions.py),
 //   and the GPU test CudaLinearGelu.EpilogueIsTanhGelu tells the two forms apart in fp32 (they differ by
-//   up to ~5e-4). The GPU code was written without a GPU; that test is its first check (docs/cuda.md).
+//   up to ~5e-4). It passed on an H200 (2026-12-04), with the other CudaLinearGelu tests; GPT-2's MLP
+//   ran the nvjet "geluauxbias" kernels there (docs/performance.md).
 //   The fused GPU result differs from the composite by rounding only: the GELU reads the fp32 sum rather
 //   than the pre-activation rounded to T, and cuBLASLt evaluates tanh its own way.
 //
