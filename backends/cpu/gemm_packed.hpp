@@ -408,6 +408,40 @@ void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64
       return;
     }
     if (!k_contiguous) {
+#if defined(__AVX512BW__)
+      // Rows k and k+1 of the source are interleaved 16 bits at a time, 32 panel rows per step: the in-lane
+      // unpacks interleave 4-word groups, and one two-source qword permute per output puts the groups in
+      // order. A partial step (an MR = 12 panel, the last panel of a block) uses masked loads and stores,
+      // which never touch memory outside the mask.
+      const __m512i order_lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+      const __m512i order_hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+      const auto low_bits = [](i64 n) { return n >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1u); };
+      for (i64 k = 0; k < kcp; k += 2) {
+        const T* s0 = src + k * s_k;
+        const bool pair = k + 1 < kc;  // else the last k of an odd kc: its partner is zero
+        std::uint16_t* d = d16 + (k / 2) * R * 2;
+        i64 r = 0;
+        for (; r + 32 <= rows; r += 32) {
+          const __m512i a = _mm512_loadu_si512(s0 + r);
+          const __m512i b = pair ? _mm512_loadu_si512(s0 + s_k + r) : _mm512_setzero_si512();
+          const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+          _mm512_storeu_si512(d + 2 * r, _mm512_permutex2var_epi64(lo, order_lo, hi));
+          _mm512_storeu_si512(d + 2 * r + 32, _mm512_permutex2var_epi64(lo, order_hi, hi));
+        }
+        if (r < rows) {
+          const i64 n = rows - r;
+          const __mmask32 m = low_bits(n);
+          const __m512i a = _mm512_maskz_loadu_epi16(m, s0 + r);
+          const __m512i b = pair ? _mm512_maskz_loadu_epi16(m, s0 + s_k + r) : _mm512_setzero_si512();
+          const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+          _mm512_mask_storeu_epi16(d + 2 * r, low_bits(2 * n), _mm512_permutex2var_epi64(lo, order_lo, hi));
+          if (n > 16)
+            _mm512_mask_storeu_epi16(d + 2 * r + 32, low_bits(2 * (n - 16)), _mm512_permutex2var_epi64(lo, order_hi, hi));
+        }
+        for (r = rows; r < R; ++r) d[2 * r] = d[2 * r + 1] = 0;
+      }
+      return;
+#else
       // Rows k and k+1 of the source are interleaved 16 bits at a time, 8 panel rows per step.
       for (i64 k = 0; k < kcp; k += 2) {
         const T* s0 = src + k * s_k;
@@ -434,6 +468,7 @@ void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64
         for (; r < R; ++r) d[2 * r] = d[2 * r + 1] = 0;
       }
       return;
+#endif
     }
   }
 #endif
