@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "common.cuh"
-#include "typegrad/core/allocator.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
 #include "typegrad/detail/cuda/kernels.hpp"
 
@@ -166,24 +165,8 @@ __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_
 // What it did for GPT-2 on the H200 (ncu): the LM head's dW GEMM moved to an aligned kernel (10.6 ->
 // 3.1 ms), but the logits and dX GEMMs still got align1 kernels with 16-byte row strides, so the odd
 // extent (50257) itself counts for them too; padding that extent with zeros is the next step.
-// The blocks come from the caching allocator and go back to it as soon as the work is enqueued: its free
-// lists are per stream, so a later allocation on this stream is ordered after the copies.
-
-/// A device block of the caching allocator for the length of one call.
-class Scratch {
- public:
-  explicit Scratch(std::size_t bytes) : bytes_(bytes), p_(bytes ? ::tg::allocator<::tg::cuda>().allocate(bytes) : nullptr) {}
-  ~Scratch() {
-    if (p_) ::tg::allocator<::tg::cuda>().deallocate(p_, bytes_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return p_; }
-
- private:
-  std::size_t bytes_;
-  void* p_;
-};
+// The blocks are Workspaces (common.cuh): back to the caching allocator's per-stream free list as soon as
+// the work is enqueued.
 
 bool aligned16(const void* p, std::int64_t ld, std::size_t elem) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (static_cast<std::size_t>(ld) * elem) % 16 == 0;
@@ -235,14 +218,14 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
       if (fix_a) r.lda = ld_rounded_to_16_bytes(a_width, sizeof(T));
       if (fix_b) r.ldb = ld_rounded_to_16_bytes(b_width, sizeof(T));
       if (fix_c) r.ldc = ld_rounded_to_16_bytes(g.N, sizeof(TC));
-      const Scratch sa(fix_a ? static_cast<std::size_t>(a_rows * r.lda) * sizeof(T) : 0),
+      const detail::Workspace sa(fix_a ? static_cast<std::size_t>(a_rows * r.lda) * sizeof(T) : 0),
           sb(fix_b ? static_cast<std::size_t>(b_rows * r.ldb) * sizeof(T) : 0),
           sc(fix_c ? static_cast<std::size_t>(g.M * r.ldc) * sizeof(TC) : 0);
-      const T* ra = fix_a ? static_cast<const T*>(sa.get()) : a;
-      const T* rb = fix_b ? static_cast<const T*>(sb.get()) : b;
-      TC* rc = fix_c ? static_cast<TC*>(sc.get()) : c;
-      if (fix_a) copy_rows(sa.get(), r.lda, a, g.lda, a_rows, a_width, sizeof(T), stream);
-      if (fix_b) copy_rows(sb.get(), r.ldb, b, g.ldb, b_rows, b_width, sizeof(T), stream);
+      const T* ra = fix_a ? sa.as<const T>() : a;
+      const T* rb = fix_b ? sb.as<const T>() : b;
+      TC* rc = fix_c ? sc.as<TC>() : c;
+      if (fix_a) copy_rows(sa.as<void>(), r.lda, a, g.lda, a_rows, a_width, sizeof(T), stream);
+      if (fix_b) copy_rows(sb.as<void>(), r.ldb, b, g.ldb, b_rows, b_width, sizeof(T), stream);
       if (fix_c && beta != 0) copy_rows(rc, r.ldc, c, g.ldc, g.M, g.N, sizeof(TC), stream);
       run_gemm<T, TC>(r, ra, rb, rc, alpha, beta, bias, nullptr);
       if (fix_c) copy_rows(c, g.ldc, rc, r.ldc, g.M, g.N, sizeof(TC), stream);
