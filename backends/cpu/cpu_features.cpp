@@ -1,4 +1,4 @@
-// Run-time CPU feature detection: cpuid leaves 0, 1, 7.0, 7.1 and XCR0 (xgetbv) for OS state support.
+// Run-time CPU feature detection: cpuid leaves 0, 1, 7.0, 7.1 and XCR0 (xgetbv) for OS state support; cache sizes.
 #include "typegrad/detail/cpu/cpu_features.hpp"
 
 #include <cpuid.h>
@@ -90,6 +90,50 @@ long parse_cache_size(const std::string& text) {
   return v > 0 ? v : 0;
 }
 
+/// The data and unified caches of cpuid's deterministic cache parameter leaf (Intel: 4; AMD: 0x8000001D,
+/// with topology extensions), same layout in both: EAX[4:0] type (0 = no more caches, 2 = instruction),
+/// EAX[7:5] level; size = ways (EBX[31:22]+1) x partitions (EBX[21:12]+1) x line (EBX[11:0]+1) x sets (ECX+1).
+/// AMD CPUs whose hypervisor leaves 0x8000001D empty still answer the older leaves: 0x80000005 ECX[31:24]
+/// = L1d KiB, 0x80000006 ECX[31:16] = L2 KiB, EDX[31:18] = L3 in 512 KiB units. Returns false when none
+/// of them reports a cache.
+bool caches_from_cpuid(CpuCacheSizes& c) {
+  const Regs r0 = cpuid(0, 0);
+  char vendor[13] = {};
+  std::memcpy(vendor + 0, &r0.b, 4);
+  std::memcpy(vendor + 4, &r0.d, 4);
+  std::memcpy(vendor + 8, &r0.c, 4);
+  const bool intel = std::strcmp(vendor, "GenuineIntel") == 0;
+  const bool amd = std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
+  const unsigned max_ext = cpuid(0x80000000u, 0).a;
+  unsigned leaf = 0;
+  if (intel && r0.a >= 4) leaf = 4;
+  else if (amd && max_ext >= 0x8000001Du && bit(cpuid(0x80000001u, 0).c, 22)) leaf = 0x8000001Du;  // TopologyExtensions
+  bool any = false;
+  for (unsigned sub = 0; leaf != 0 && sub < 16; ++sub) {
+    const Regs r = cpuid(leaf, sub);
+    const unsigned type = r.a & 0x1f, level = (r.a >> 5) & 0x7;
+    if (type == 0) break;
+    if (type == 2) continue;
+    const long bytes = static_cast<long>((r.b >> 22) + 1) * static_cast<long>(((r.b >> 12) & 0x3ff) + 1) *
+                       static_cast<long>((r.b & 0xfff) + 1) * static_cast<long>(r.c + 1);
+    if (level == 1) c.l1d = bytes;
+    else if (level == 2) c.l2 = bytes;
+    else if (level == 3) c.l3 = bytes;
+    else continue;
+    any = true;
+  }
+  if (!any && amd && max_ext >= 0x80000006u) {
+    const long l1d_kib = cpuid(0x80000005u, 0).c >> 24;
+    const Regs r6 = cpuid(0x80000006u, 0);
+    const long l2_kib = r6.c >> 16, l3_units = r6.d >> 18;
+    if (l1d_kib > 0) c.l1d = l1d_kib * 1024;
+    if (l2_kib > 0) c.l2 = l2_kib * 1024;
+    if (l3_units > 0) c.l3 = l3_units * 512 * 1024;
+    any = l1d_kib > 0 || l2_kib > 0;
+  }
+  return any;
+}
+
 CpuCacheSizes detect_caches() {
   CpuCacheSizes c;
   bool any = false;
@@ -107,7 +151,11 @@ CpuCacheSizes detect_caches() {
     else continue;
     any = true;
   }
-  c.from_system = any;
+  if (any) {
+    c.source = "sysfs";
+  } else if (caches_from_cpuid(c)) {
+    c.source = "cpuid";
+  }
   return c;
 }
 
@@ -144,7 +192,7 @@ std::string cpu_features_string() {
   add(f.amx_bf16, "amx_bf16");
   const CpuCacheSizes& c = cpu_cache_sizes();
   s += "; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB, L3 " +
-       std::to_string(c.l3 / 1024) + " KiB" + (c.from_system ? "" : " (defaults: not read from /sys)");
+       std::to_string(c.l3 / 1024) + " KiB (" + c.source + ")";
   return s;
 }
 

@@ -33,7 +33,8 @@ struct VecF32x8 {
 struct Kernel {
   using elem = float;
   static constexpr int MR = 6, NR = 16, KP = 1;
-  static constexpr std::int64_t kL1Eighths = 4, NC = 4096;
+  static constexpr bool kKcFromL2 = false;
+  static constexpr std::int64_t kKcEighths = 4, kMcEighths = 2, NC = 4096;
   static constexpr bool kDirectBf16 = false;  // 16-bit C goes through write_tile
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
                                               std::int64_t ldc, float alpha, float beta, bool direct) {

@@ -23,17 +23,22 @@ struct VecF32x16 {
   static void storec(float* p, acc v) { _mm512_storeu_ps(p, v); }
 };
 
-// Note [AVX-512 GEMM blocking] (written for Zen 4/5 and Sapphire Rapids: 48 KiB L1d, 1-2 MiB L2 per core)
+// Note [AVX-512 GEMM blocking] (written for Zen 4/5 and Sapphire Rapids: 32-48 KiB L1d, 1-2 MiB L2 per core)
 // 12x32: 24 zmm accumulators, 2 for B, 1 broadcast (27 of 32 registers, no spills); 24 FMAs per k for
 // 2 loads + 12 broadcasts (the broadcasts fold into the FMAs as {1to16} memory operands).
-// KC (Note [GEMM blocking from cache sizes]): the B micro-panel takes 6/8 of L1d: 32 KiB -> KC = 192
-// (24 KiB), 48 KiB -> 288.
-// MC: the A block takes a quarter of L2 (1 MiB, KC = 192 -> 336 rows).  NC = 4096: a 3 MiB B block.
-// Measured on Zen 4 (32 KiB L1d): KC = 128 and MC = 240 were within the run-to-run noise of these values.
+// KC (Note [GEMM blocking from cache sizes]): the B micro-panel takes an eighth of L2, not a share of L1d:
+// per k the kernel reads 128 bytes of B and 48 of A for 12 cycles of FMAs, which L2 streams easily, and
+// the GPT-2 products ran faster with whole K = 768 blocks than with L1-sized ones. Measured on a Zen 5
+// (1 MiB L2, 2 threads, three interleaved rounds per setting, % of the fp32 peak, median of the 15 GPT-2
+// products): KC = 192 / MC = 336 (the L1-derived values) 72.6%, KC = 384 / MC = 264 78.7%, KC = 768 / MC =
+// 264 80.3%. 1 MiB L2 -> KC = 1024 (K = 768: one block; 3072: three).
+// MC: the A block takes 6/8 of L2 (1 MiB, KC = 768 -> 252 rows), so a 256-token GEMM packs A in one or two
+// blocks and re-reads B's panels at most twice.  NC = 4096: a B block up to 12 MiB, in L3.
 struct Kernel {
   using elem = float;
   static constexpr int MR = 12, NR = 32, KP = 1;
-  static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
+  static constexpr bool kKcFromL2 = true;
+  static constexpr std::int64_t kKcEighths = 1, kMcEighths = 6, NC = 4096;
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
   static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const float* a, const float* b, std::uint16_t* c,
                                                    std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,

@@ -37,13 +37,15 @@ struct VecBf16Pairs {
   static void storec(float* p, acc v) { _mm512_storeu_ps(p, v); }
 };
 
-// Blocking (see Note [AVX-512 GEMM blocking]): a B micro-panel is 32 columns x 2 B per k and takes 6/8 of
-// L1d, so KC = 384 on a 32 KiB L1d (24 KiB); the A block takes a quarter of L2. KC is even, so only
-// the last K block can be odd, and its missing partner is packed as zero on both sides.
+// Blocking as in Note [AVX-512 GEMM blocking]: a B micro-panel is 32 columns x 2 B per k and takes an eighth
+// of L2 (1 MiB -> KC = 2048: K = 768 is one block, so a bf16 C needs no fp32 workspace there); the A block
+// takes 6/8 of L2. KC is even, so only the last K block can be odd, and its missing partner is packed as
+// zero on both sides.
 struct Kernel {
   using elem = std::uint16_t;
   static constexpr int MR = 12, NR = 32, KP = 2;
-  static constexpr std::int64_t kL1Eighths = 6, NC = 4096;
+  static constexpr bool kKcFromL2 = true;
+  static constexpr std::int64_t kKcEighths = 1, kMcEighths = 6, NC = 4096;
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
   static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
                                                    std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,

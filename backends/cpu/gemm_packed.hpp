@@ -595,13 +595,16 @@ void run(const GemmArgs<T>& g, int threads) {
   const i64 M = g.M, N = g.N, K = g.K;
 
   // Note [GEMM blocking from cache sizes]
-  // KC: the B micro-panel (KC x NR elements) fills Kr::kL1Eighths / 8 of L1d, leaving the rest for the A
-  // micro-panel and C's lines streaming past it. MC: the packed A block (MC x KC) takes a quarter of L2.
-  // NC: Kr::NC (the shared B block lives in L3). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps
-  // the derived value). All three are then evened out over their dimension.
+  // KC: the B micro-panel (KC x NR elements) takes Kr::kKcEighths / 8 of L1d (Kr::kKcFromL2 false: the panel
+  // stays in L1 while the A panels stream past it) or of L2 (true: cores whose L2 streams a panel to the FMA
+  // units as fast as L1 would; fewer K blocks then mean fewer passes over C and less per-block packing
+  // overhead). MC: the packed A block (MC x KC) takes Kr::kMcEighths / 8 of L2. NC: Kr::NC (the shared B
+  // block lives in L3). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps the derived value). All three
+  // are then evened out over their dimension.
   const GemmBlocking& bk = g.blocking;
+  const i64 kc_cache = Kr::kKcFromL2 ? bk.l2 : bk.l1d;
   const i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
-                               : imax(16, bk.l1d * Kr::kL1Eighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
+                               : imax(16, kc_cache * Kr::kKcEighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
   const i64 nkb = ceil_div(K, kc_cap);
   const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
   const i64 nc_cap = bk.nc > 0 ? round_up(bk.nc, NR) : Kr::NC;
@@ -639,7 +642,7 @@ void run(const GemmArgs<T>& g, int threads) {
                             : M;
   const i64 kcp_nom = round_up(kc_nom, KP);
   const i64 mc_max = bk.mc > 0 ? round_up(bk.mc, MR)
-                               : imax(MR, bk.l2 / 4 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
+                               : imax(MR, bk.l2 * Kr::kMcEighths / 8 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));

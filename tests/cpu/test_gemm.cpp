@@ -185,6 +185,9 @@ TEST(CpuFeatures, CacheSizesArePlausibleAndPrinted) {
   EXPECT_NE(s.find("; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB"),
             std::string::npos)
       << s;
+  const std::string source = c.source;
+  EXPECT_TRUE(source == "sysfs" || source == "cpuid" || source == "defaults") << source;
+  EXPECT_NE(s.find("(" + source + ")"), std::string::npos) << s;
 }
 
 TEST(GemmKernel, MalformedBlockingOverrideThrows) {

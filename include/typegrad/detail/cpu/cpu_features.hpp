@@ -30,13 +30,14 @@ struct CpuFeatures {
 };
 
 /// Data cache sizes in bytes: L1d and L2 per core, L3 per cache instance. Read from Linux's
-/// /sys/devices/system/cpu/cpu0/cache; a level that cannot be read gets a conservative default
-/// (32 KiB, 512 KiB, 8 MiB) and `from_system` is false.
+/// /sys/devices/system/cpu/cpu0/cache; where that has no cache information (some virtual machines), from
+/// cpuid's deterministic cache parameters (leaf 4 on Intel, 0x8000001D on AMD); a level neither reports
+/// keeps a conservative default (32 KiB, 512 KiB, 8 MiB). `source` says which: "sysfs", "cpuid" or "defaults".
 struct CpuCacheSizes {
   long l1d = 32 * 1024;
   long l2 = 512 * 1024;
   long l3 = 8 * 1024 * 1024;
-  bool from_system = false;
+  const char* source = "defaults";
 };
 const CpuCacheSizes& cpu_cache_sizes();
 
