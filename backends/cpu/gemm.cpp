@@ -76,12 +76,20 @@ CpuIsa isa_for(CpuIsa isa) {
   return isa;
 }
 
-/// Cache sizes of this CPU and TG_GEMM_BLOCKING="kc,mc,nc" (elements; 0 or empty keeps the derived value).
+/// Cache sizes of this CPU, TG_GEMM_BLOCKING="kc,mc,nc" (elements; 0 keeps the derived value) and
+/// TG_GEMM_KSPLIT_RATIO (Note [GEMM K split]; 0 = never split K).
 packed::GemmBlocking gemm_blocking() {
   const CpuCacheSizes& caches = cpu_cache_sizes();
   packed::GemmBlocking b;
   b.l1d = caches.l1d;
   b.l2 = caches.l2;
+  if (const char* ratio = std::getenv("TG_GEMM_KSPLIT_RATIO"); ratio != nullptr && *ratio != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(ratio, &end, 10);
+    TG_CHECK(end != ratio && *end == '\0' && v >= 0 && v <= (1LL << 20), "gemm: TG_GEMM_KSPLIT_RATIO='", ratio,
+             "' must be a non-negative integer (K is split between threads when K >= ratio * max(M, N); 0 = never)");
+    b.k_split_ratio = v;
+  }
   const char* env = std::getenv("TG_GEMM_BLOCKING");
   if (env == nullptr || *env == '\0') return b;
   std::int64_t* fields[3] = {&b.kc, &b.mc, &b.nc};

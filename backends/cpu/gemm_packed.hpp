@@ -10,10 +10,12 @@
 namespace tg::backend::cpu::packed {
 
 /// What the cache blocking is derived from (Note [GEMM blocking from cache sizes]): the data cache sizes in
-/// bytes, and kc / mc / nc forced by TG_GEMM_BLOCKING (0: derived).
+/// bytes, and kc / mc / nc forced by TG_GEMM_BLOCKING (0: derived). k_split_ratio: K is split between the
+/// threads when K >= k_split_ratio * max(M, N) (Note [GEMM K split]; TG_GEMM_KSPLIT_RATIO, 0 = never).
 struct GemmBlocking {
   std::int64_t l1d = 32 * 1024, l2 = 512 * 1024;
   std::int64_t kc = 0, mc = 0, nc = 0;
+  std::int64_t k_split_ratio = 4;
 };
 
 /// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
@@ -559,9 +561,9 @@ struct Buffer {
     return p;
   }
 };
-enum BufferId { kBufA = 0, kBufB = 1, kBufW = 2 };
+enum BufferId { kBufA = 0, kBufB = 1, kBufW = 2, kBufPartial = 3 };
 inline Buffer& thread_buffer(int id) {
-  thread_local Buffer buffers[3];
+  thread_local Buffer buffers[4];
   return buffers[id];
 }
 
@@ -586,12 +588,14 @@ inline Buffer& thread_buffer(int id) {
 // the user's beta, later blocks beta = 1); for 16-bit C with more than one K block they live in an fp32
 // workspace W [m-chunk x nc] per thread (m-chunk chosen so W stays near 4 MiB) and C is rounded once, in the last
 // block, where the epilogue (bias, bf16 copy) is applied too.
-template <class Kr, class T>
-void run(const GemmArgs<T>& g, int threads) {
+// C is `C` (element type TC, leading dimension g.ldc), not g.C: the K split (run, below) has each thread
+// compute an fp32 partial product of 16-bit operands.
+template <class Kr, class T, class TC>
+void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   using E = typename Kr::elem;
   constexpr int MR = Kr::MR, NR = Kr::NR, KP = Kr::KP;
-  constexpr bool c_is_f32 = std::is_same_v<T, float>;
-  constexpr bool kDirectBf16 = std::is_same_v<T, bf16> && Kr::kDirectBf16;
+  constexpr bool c_is_f32 = std::is_same_v<TC, float>;
+  constexpr bool kDirectBf16 = std::is_same_v<TC, bf16> && Kr::kDirectBf16;
   const i64 M = g.M, N = g.N, K = g.K;
 
   // Note [GEMM blocking from cache sizes]
@@ -705,7 +709,7 @@ void run(const GemmArgs<T>& g, int threads) {
                 const E* ap = abuf + ip * MR * kcp;
                 const bool full = mr == MR && nr == NR;
                 std::uint16_t* o16_ij = (last && o16) ? o16 + i * g.ep.ldo + j : nullptr;
-                T* cij = g.C + i * g.ldc + j;
+                TC* cij = C + i * g.ldc + j;
                 if constexpr (c_is_f32) {
                   if (full && !ep) {
                     Kr::micro(kcp / KP, ap, bp, cij, g.ldc, g.alpha, beta_k, true);
@@ -723,7 +727,7 @@ void run(const GemmArgs<T>& g, int threads) {
                     }
                   }
                   Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
-                  const T* prev = g.beta == 0.f ? nullptr : cij;
+                  const TC* prev = g.beta == 0.f ? nullptr : cij;
                   write_tile(tile, NR, mr, nr, g.alpha, g.beta, prev, g.ldc, cij, g.ldc, bias_j, o16_ij, g.ep.ldo);
                 } else {  // fp32 partial sums in W; C rounded once, in the last K block
                   float* wij = wbuf + (i - m_lo) * nc_nom + (j - jc);
@@ -740,7 +744,7 @@ void run(const GemmArgs<T>& g, int threads) {
                   }
                   Kr::micro(kcp / KP, ap, bp, tile, NR, 1.f, 0.f, false);
                   if (first) {
-                    const T* prev = g.beta == 0.f ? nullptr : cij;
+                    const TC* prev = g.beta == 0.f ? nullptr : cij;
                     write_tile(tile, NR, mr, nr, g.alpha, g.beta, prev, g.ldc, wij, nc_nom, nullptr, nullptr, 0);
                   } else if (!last) {
                     write_tile(tile, NR, mr, nr, g.alpha, 1.f, wij, nc_nom, wij, nc_nom, nullptr, nullptr, 0);
@@ -787,6 +791,80 @@ void run(const GemmArgs<T>& g, int threads) {
 #pragma omp atomic read
     any_failed = failed;
     if (!any_failed) body(omp_get_thread_num(), omp_get_num_threads());
+  }
+  if (failed) throw std::bad_alloc();
+}
+
+// Note [GEMM K split]
+// When K dwarfs both M and N (the LM head's dX = dY W: K = 50304 against 256 x 768), splitting C between
+// the threads makes every thread pack (and read from memory) all of A or all of B for a small share of C.
+// Instead each thread takes a contiguous share of K: it computes the fp32 partial product of its K range
+// for the whole M x N into a private buffer (one thread each, no synchronisation), and after one barrier
+// the threads sum the partials row by row into C, applying beta, the bias and the bf16 copy there (C is
+// rounded once). Each operand is then read and packed once in all, at the price of M x N x threads fp32
+// partials (capped at kKSplitMaxPartialBytes per thread) and one pass over them. The summation order of
+// each output depends on the team size, like any change of the K blocking.
+inline constexpr i64 kKSplitMaxPartialBytes = i64{8} << 20;
+inline constexpr int kKSplitMaxThreads = 64;
+inline bool k_split_pays(const GemmBlocking& bk, i64 M, i64 N, i64 K, int threads) {
+  return threads > 1 && threads <= kKSplitMaxThreads && bk.k_split_ratio > 0 && K >= bk.k_split_ratio * imax(M, N) &&
+         M * N * static_cast<i64>(sizeof(float)) <= kKSplitMaxPartialBytes && K >= 64 * threads;
+}
+
+template <class Kr, class T>
+void run(const GemmArgs<T>& g, int threads) {
+  if (!k_split_pays(g.blocking, g.M, g.N, g.K, threads)) return run_into<Kr, T, T>(g, g.C, threads);
+  const i64 M = g.M, N = g.N, K = g.K;
+  float* partials[kKSplitMaxThreads] = {};
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    bool ok = true;
+    try {
+      float* const partial = static_cast<float*>(thread_buffer(kBufPartial).get(sizeof(float) * M * N));
+      partials[t] = partial;
+      // This thread's K range, in multiples of 16 (so of KP): [k_lo, k_hi).
+      const i64 k_lo = imin(K, round_up(K * t / nt, 16)), k_hi = t + 1 == nt ? K : imin(K, round_up(K * (t + 1) / nt, 16));
+      if (k_hi > k_lo) {
+        GemmArgs<T> part = g;
+        part.K = k_hi - k_lo;
+        part.A = g.ta == Trans::N ? g.A + k_lo : g.A + k_lo * g.lda;
+        part.B = g.tb == Trans::N ? g.B + k_lo * g.ldb : g.B + k_lo;
+        part.beta = 0.f;
+        part.C = nullptr;
+        part.ldc = N;
+        part.ep = GemmEpilogue{};
+        run_into<Kr, T, float>(part, partial, 1);
+      } else {
+        std::memset(partial, 0, sizeof(float) * M * N);
+      }
+    } catch (...) {
+      ok = false;
+    }
+    if (!ok) {
+#pragma omp atomic write
+      failed = true;
+    }
+#pragma omp barrier
+    bool any_failed;
+#pragma omp atomic read
+    any_failed = failed;
+    if (!any_failed) {
+      // Sum this thread's rows of all partials into partial 0, then write them to C like an edge tile.
+      const i64 r0 = M * t / nt, r1 = M * (t + 1) / nt, n = (r1 - r0) * N;
+      if (n > 0) {
+        float* const sum = partials[0] + r0 * N;
+        for (int u = 1; u < nt; ++u) {
+          const float* const q = partials[u] + r0 * N;
+          for (i64 e = 0; e < n; ++e) sum[e] += q[e];
+        }
+        std::uint16_t* const o16 = reinterpret_cast<std::uint16_t*>(g.ep.out_bf16);
+        T* const c = g.C + r0 * g.ldc;
+        write_tile(sum, static_cast<int>(N), r1 - r0, N, 1.f, g.beta, g.beta == 0.f ? nullptr : c, g.ldc, c, g.ldc,
+                   g.ep.bias, o16 ? o16 + r0 * g.ep.ldo : nullptr, g.ep.ldo);
+      }
+    }
   }
   if (failed) throw std::bad_alloc();
 }

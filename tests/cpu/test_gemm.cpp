@@ -499,6 +499,57 @@ TEST_P(GemmByKernel, TwoThreadsAcrossKBlocksJcBlocksAndWorkspace) {
   }
 }
 
+/// Sets TG_GEMM_KSPLIT_RATIO for the lifetime of the guard.
+class ForceKSplitRatio {
+ public:
+  explicit ForceKSplitRatio(const char* spec) { setenv("TG_GEMM_KSPLIT_RATIO", spec, 1); }
+  ~ForceKSplitRatio() { unsetenv("TG_GEMM_KSPLIT_RATIO"); }
+  ForceKSplitRatio(const ForceKSplitRatio&) = delete;
+  ForceKSplitRatio& operator=(const ForceKSplitRatio&) = delete;
+};
+
+// K at least 4x max(M, N) (the LM head's dX): the threads split K and sum fp32 partials (Note [GEMM K
+// split]); 3 threads give uneven K shares (rounded to 16). alpha is applied per partial, beta, the bias and
+// the bf16 copy once, after the sum; 16-bit C is rounded once.
+TEST_P(GemmByKernel, LongKSplitBetweenThreadsSumsThePartialsOnce) {
+  for (int threads : {2, 3}) {
+    const ThreadCount team(threads);
+    std::uint32_t seed = 1900 + 100 * static_cast<std::uint32_t>(threads);
+    for (Trans ta : kTr)
+      for (Trans tb : kTr) {
+        check_gemm<float>({ta, tb, 40, 60, 2000, 1.f, 0.5f}, seed++, true);
+        check_gemm<bf16>({ta, tb, 33, 50, 2001, 0.5f, 1.f}, seed++, true);
+        check_gemm<fp16>({ta, tb, 64, 31, 1999, 1.f, 0.f}, seed++);
+      }
+  }
+}
+
+// The split really runs for such shapes: it changes the summation order, so its fp32 result differs (in
+// the last bits, within the bound checked above) from the same call with the split disabled.
+TEST_P(GemmByKernel, KSplitChangesTheSummationOrderAndCanBeDisabled) {
+  if (GetParam() == CpuIsa::reference) GTEST_SKIP() << "the reference level has no packed loop nest";
+  const ThreadCount two(2);
+  const i64 M = 40, N = 60, K = 2000;
+  std::mt19937 rng(2100);
+  Mat<float> A(M, K, 0, rng, false), B(K, N, 0, rng, false);
+  std::vector<float> split(static_cast<std::size_t>(M * N)), whole = split;
+  tg::backend::cpu::gemm<float>(Trans::N, Trans::N, M, N, K, 1.f, A.v.data(), A.ld, B.v.data(), B.ld, 0.f, split.data(), N);
+  {
+    ForceKSplitRatio never("0");
+    tg::backend::cpu::gemm<float>(Trans::N, Trans::N, M, N, K, 1.f, A.v.data(), A.ld, B.v.data(), B.ld, 0.f, whole.data(), N);
+  }
+  EXPECT_NE(split, whole);
+}
+
+TEST(GemmKernel, MalformedKSplitRatioThrows) {
+  float a = 1.f, b = 1.f, c = 0.f;
+  for (const char* spec : {"x", "-1", "4x", "1e3"}) {
+    ForceKSplitRatio ratio(spec);
+    EXPECT_THROW(tg::backend::cpu::gemm<float>(Trans::N, Trans::N, 1, 1, 1, 1.f, &a, 1, &b, 1, 0.f, &c, 1), tg::Error)
+        << spec;
+  }
+}
+
 /// gemm_batched against per-item checks: A strided, B broadcast (stride 0), C strided with padding.
 template <class T>
 void check_batched(i64 batch, i64 M, i64 N, i64 K, Trans ta, Trans tb, float beta, std::uint32_t seed) {
