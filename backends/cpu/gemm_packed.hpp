@@ -369,21 +369,71 @@ inline void transpose_rows8(const T* src, i64 lds, float* dst) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block of 32-bit values (fp32, or bf16 pairs as words):
+/// in-lane unpacks and shuffles transpose the 4 x 4 blocks of each 128-bit lane, two rounds of 128-bit lane
+/// shuffles put the blocks in place. Per 256 values: 16 loads and 16 stores of 64 bytes and 64 shuffles, against
+/// 32 + 32 loads and stores of 32 bytes and 96 shuffles for four 8 x 8 transposes.
+inline void transpose16x16(const float* src, i64 lds, float* dst, i64 ldd) {
+  __m512 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // r[4g + c], lane L: column 4L + c of rows 4g .. 4g+3.
+#pragma GCC unroll 4
+  for (int g = 0; g < 16; g += 4) {
+    r[g + 0] = _mm512_shuffle_ps(t[g + 0], t[g + 2], 0x44);
+    r[g + 1] = _mm512_shuffle_ps(t[g + 0], t[g + 2], 0xee);
+    r[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    r[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), hi01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee);
+    const __m512 lo23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44), hi23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
+    _mm512_storeu_ps(dst + (0 + c) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0xdd));
+    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0xdd));
+  }
+}
+/// Rows [0, R) x columns kk .. kk+15 of a 32-bit source to k-major dst[kk' * R + r], R a multiple of 16.
+template <int R>
+inline void transpose_rows16(const float* src, i64 lds, float* dst) {
+  static_assert(R % 16 == 0, "transpose_rows16: whole 16-row blocks only");
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r += 16) transpose16x16(src + r * lds, lds, dst + r, R);
+}
+#endif
+
 template <class E, int R, int KP, class T>
 void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64 kc, E* dst) {
   const i64 kcp = round_up(kc, KP);
   const auto at = [](i64 k, i64 r) { return ((k / KP) * R + r) * KP + k % KP; };
 #if defined(__AVX2__)
   if constexpr (std::is_same_v<E, float> && KP == 1 && R >= 8) {
-    if (k_contiguous && rows == R) {  // full panel, fp32 pack: 8 x 8 transposes, then the k tail
+    if (k_contiguous && rows == R) {  // full panel, fp32 pack: 16 x 16 (AVX-512) and 8 x 8 transposes, then the k tail
       const i64 k8 = kc / 8 * 8;
-      for (i64 k = 0; k < k8; k += 8) {
+      i64 k = 0;
+#if defined(__AVX512F__)
+      if constexpr (R % 16 == 0 && std::is_same_v<T, float>) {  // 16 x 16 zmm transposes while 16 k remain
+        for (; k + 16 <= kc; k += 16) {
+          for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(src + (R + r) * s_r + k), _MM_HINT_T1);
+          transpose_rows16<R>(src + k, s_r, dst + k * R);
+        }
+      }
+#endif
+      for (; k < k8; k += 8) {
         if (k % 16 == 0)  // one line per row of the next panel, ahead of its use (no fault past the end)
           for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(src + (R + r) * s_r + k), _MM_HINT_T1);
         transpose_rows8<R>(src + k, s_r, dst + k * R);
       }
       for (i64 r = 0; r < R; ++r)
-        for (i64 k = k8; k < kc; ++k) dst[k * R + r] = to_packed<E>(src[r * s_r + k]);
+        for (i64 kt = k8; kt < kc; ++kt) dst[kt * R + r] = to_packed<E>(src[r * s_r + kt]);
       return;
     }
   }
@@ -395,13 +445,22 @@ void pack_panel(const T* src, i64 s_r, i64 s_k, bool k_contiguous, i64 rows, i64
       const float* sw = reinterpret_cast<const float*>(src);
       float* dw = reinterpret_cast<float*>(dst);
       const i64 lds = s_r / 2, pairs = kc / 2, p8 = pairs / 8 * 8;
-      for (i64 kk = 0; kk < p8; kk += 8) {
+      i64 kk = 0;
+#if defined(__AVX512F__)
+      if constexpr (R % 16 == 0) {  // 16 x 16 word transposes while 16 pairs remain
+        for (; kk + 16 <= pairs; kk += 16) {
+          for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(sw + (R + r) * lds + kk), _MM_HINT_T1);
+          transpose_rows16<R>(sw + kk, lds, dw + kk * R);
+        }
+      }
+#endif
+      for (; kk < p8; kk += 8) {
         if (kk % 16 == 0)
           for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(sw + (R + r) * lds + kk), _MM_HINT_T1);
         transpose_rows8<R>(sw + kk, lds, dw + kk * R);
       }
       for (i64 r = 0; r < R; ++r)
-        for (i64 kk = p8; kk < pairs; ++kk) std::memcpy(dw + kk * R + r, sw + r * lds + kk, 4);
+        for (i64 kt = p8; kt < pairs; ++kt) std::memcpy(dw + kt * R + r, sw + r * lds + kt, 4);
       if (kc % 2 != 0)
         for (i64 r = 0; r < R; ++r) {
           d16[((kc / 2) * R + r) * 2] = src[r * s_r + kc - 1].bits;
