@@ -124,7 +124,9 @@ TEST(GPT, TinyModelLearnsARepeatingText) {
       tgt.data()[b * T + t] = static_cast<unsigned char>(text[static_cast<std::size_t>(b * 5 + t + 1)]);
     }
   float first = 0, last = 0;
-  for (int step = 0; step < 60; ++step) {
+  // 80 steps: the loss falls steeply around step 60 (0.86 at 50, 0.49 at 60, 0.15 at 80 on one machine),
+  // so a 60-step bound of 0.5 flipped with the GEMM's summation order; at 80 the bound has a 3x margin.
+  for (int step = 0; step < 80; ++step) {
     const auto loss = tg::cross_entropy(model.forward<tg::fp32>(idx), tgt);
     if (step == 0) first = loss.item();
     last = loss.item();
@@ -133,7 +135,7 @@ TEST(GPT, TinyModelLearnsARepeatingText) {
     opt.zero_grad();
   }
   EXPECT_NEAR(first, std::log(256.f), 0.3f) << "an untrained model is close to uniform";
-  EXPECT_LT(last, 0.5f) << "60 AdamW steps should memorize 64 tokens (first loss " << first << ")";
+  EXPECT_LT(last, 0.5f) << "80 AdamW steps should memorize 64 tokens (first loss " << first << ")";
 }
 
 }  // namespace
