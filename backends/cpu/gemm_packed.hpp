@@ -626,6 +626,21 @@ inline Buffer& thread_buffer(int id) {
   return buffers[id];
 }
 
+/// Called by every thread of a parallel region (it holds a barrier): records this thread's failure in the
+/// shared `failed` and tells whether the whole team succeeded. Exceptions cannot leave a parallel region, so
+/// allocation failures are caught, agreed on here, and re-thrown after the region.
+inline bool team_ok(bool my_ok, bool& failed) {
+  if (!my_ok) {
+#pragma omp atomic write
+    failed = true;
+  }
+#pragma omp barrier
+  bool any_failed;
+#pragma omp atomic read
+  any_failed = failed;
+  return !any_failed;
+}
+
 // ---- the loop nest ----------------------------------------------------------------------------------------
 // Note [GEMM blocking and threads]
 // Loops, outermost first (Goto & van de Geijn 2008, "Anatomy of high-performance matrix multiplication";
@@ -841,15 +856,7 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
     } catch (...) {
       ok = false;
     }
-    if (!ok) {
-#pragma omp atomic write
-      failed = true;
-    }
-#pragma omp barrier
-    bool any_failed;
-#pragma omp atomic read
-    any_failed = failed;
-    if (!any_failed) body(omp_get_thread_num(), omp_get_num_threads());
+    if (team_ok(ok, failed)) body(omp_get_thread_num(), omp_get_num_threads());
   }
   if (failed) throw std::bad_alloc();
 }
@@ -901,15 +908,7 @@ void run(const GemmArgs<T>& g, int threads) {
     } catch (...) {
       ok = false;
     }
-    if (!ok) {
-#pragma omp atomic write
-      failed = true;
-    }
-#pragma omp barrier
-    bool any_failed;
-#pragma omp atomic read
-    any_failed = failed;
-    if (!any_failed) {
+    if (team_ok(ok, failed)) {
       // Sum this thread's rows of all partials into partial 0, then write them to C like an edge tile.
       const i64 r0 = M * t / nt, r1 = M * (t + 1) / nt, n = (r1 - r0) * N;
       if (n > 0) {

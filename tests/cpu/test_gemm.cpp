@@ -140,14 +140,23 @@ void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false, b
       }
 }
 
-/// Forces TG_GEMM_KERNEL for the lifetime of the guard.
-class ForceKernel {
+/// Sets an environment variable for the lifetime of the guard (the GEMM reads its TG_GEMM_* settings on
+/// every call).
+class ScopedEnv {
  public:
-  explicit ForceKernel(CpuIsa isa) { setenv("TG_GEMM_KERNEL", std::string(tg::backend::cpu::cpu_isa_name(isa)).c_str(), 1); }
-  explicit ForceKernel(const char* name) { setenv("TG_GEMM_KERNEL", name, 1); }
-  ~ForceKernel() { unsetenv("TG_GEMM_KERNEL"); }
-  ForceKernel(const ForceKernel&) = delete;
-  ForceKernel& operator=(const ForceKernel&) = delete;
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+/// Forces TG_GEMM_KERNEL for the lifetime of the guard.
+struct ForceKernel : ScopedEnv {
+  explicit ForceKernel(CpuIsa isa) : ScopedEnv("TG_GEMM_KERNEL", std::string(tg::backend::cpu::cpu_isa_name(isa))) {}
+  explicit ForceKernel(const char* name) : ScopedEnv("TG_GEMM_KERNEL", name) {}
 };
 
 const CpuIsa kAllIsas[] = {CpuIsa::reference, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16};
@@ -168,12 +177,8 @@ TEST(CpuFeatures, FlagsAreConsistentAndPrinted) {
 }
 
 /// Sets TG_GEMM_BLOCKING for the lifetime of the guard.
-class ForceBlocking {
- public:
-  explicit ForceBlocking(const char* spec) { setenv("TG_GEMM_BLOCKING", spec, 1); }
-  ~ForceBlocking() { unsetenv("TG_GEMM_BLOCKING"); }
-  ForceBlocking(const ForceBlocking&) = delete;
-  ForceBlocking& operator=(const ForceBlocking&) = delete;
+struct ForceBlocking : ScopedEnv {
+  explicit ForceBlocking(const char* spec) : ScopedEnv("TG_GEMM_BLOCKING", spec) {}
 };
 
 TEST(CpuFeatures, CacheSizesArePlausibleAndPrinted) {
@@ -500,12 +505,8 @@ TEST_P(GemmByKernel, TwoThreadsAcrossKBlocksJcBlocksAndWorkspace) {
 }
 
 /// Sets TG_GEMM_KSPLIT_RATIO for the lifetime of the guard.
-class ForceKSplitRatio {
- public:
-  explicit ForceKSplitRatio(const char* spec) { setenv("TG_GEMM_KSPLIT_RATIO", spec, 1); }
-  ~ForceKSplitRatio() { unsetenv("TG_GEMM_KSPLIT_RATIO"); }
-  ForceKSplitRatio(const ForceKSplitRatio&) = delete;
-  ForceKSplitRatio& operator=(const ForceKSplitRatio&) = delete;
+struct ForceKSplitRatio : ScopedEnv {
+  explicit ForceKSplitRatio(const char* spec) : ScopedEnv("TG_GEMM_KSPLIT_RATIO", spec) {}
 };
 
 // K at least 4x max(M, N) (the LM head's dX): the threads split K and sum fp32 partials (Note [GEMM K
