@@ -251,6 +251,31 @@ inline __attribute__((always_inline)) void micro_kernel_bf16_out(i64 kgroups, co
   __m512 vbias[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) vbias[v] = bias ? _mm512_loadu_ps(bias + v * L) : _mm512_setzero_ps();
+#if defined(__AVX512BF16__)
+  // With AVX512_BF16, one vcvtne2ps2bf16 rounds a whole 32-column row (round to nearest even, like
+  // f32_to_bf16_rne for every normal, zero or infinite input; no normal fp32 rounds to a bf16 denormal).
+  // It flushes denormal inputs and quiets every NaN, so a row holding either takes the exact path.
+  if constexpr (NV == 2) {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      __m512 r[2];
+#pragma GCC unroll 2
+      for (int v = 0; v < 2; ++v) {
+        r[v] = _mm512_mul_ps(acc[i][v], va);
+        if (prev) r[v] = _mm512_add_ps(r[v], _mm512_loadu_ps(prev + i * ldp + v * L));
+        if (bias) r[v] = _mm512_add_ps(r[v], vbias[v]);
+      }
+      constexpr int kNanOrDenormal = 0x01 | 0x20 | 0x80;  // fpclass: QNaN, denormal, SNaN
+      if ((_mm512_fpclass_ps_mask(r[0], kNanOrDenormal) | _mm512_fpclass_ps_mask(r[1], kNanOrDenormal)) == 0) {
+        _mm512_storeu_si512(c + i * ldc, (__m512i)_mm512_cvtne2ps_pbh(r[1], r[0]));
+      } else {
+        store_bf16x16(c + i * ldc, r[0]);
+        store_bf16x16(c + i * ldc + L, r[1]);
+      }
+    }
+    return;
+  }
+#endif
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8

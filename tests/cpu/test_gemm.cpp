@@ -379,35 +379,46 @@ TEST_P(GemmByKernel, EpilogueBiasOnlyWithBf16Output) {
 // cases. (No denormals: vdpbf16ps flushes them, Note [bf16 dot-product kernel].)
 TEST_P(GemmByKernel, Bf16OutputRoundsLikeTheScalarConversion) {
   const i64 M = 12, N = 32, K = 2;
-  const float ys[] = {0.f, 0x1p-8f, 0x1p-8f + 0x1p-7f, -0x1p-8f, 0x1p-9f, 0x1.8p-8f, 0x1p-7f,
-                      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                      std::numeric_limits<float>::quiet_NaN(), 0x1p-120f, -0x1.fep-100f, 3.f, 0x1.fep+127f, 0x1p120f};
-  // C(i, j) = A(i, 0) * B(0, j) + A(i, 1) * B(1, j) with A(i, 0) = x_i, A(i, 1) = 1, B(0, j) = 1 and
-  // B(1, j) = y_j: every product is exact and the one fp32 addition rounds alike in every kernel, so only the
-  // final rounding to bf16 could differ between paths (0x1.fep127 + 0x1p120 ties to even: inf).
-  std::vector<bf16> A(M * K), B(K * N), C(M * N, bf16(-1.f));
-  std::vector<float> exact(M * N);
-  for (i64 i = 0; i < M; ++i) {
-    A[i * K] = bf16(i % 3 == 0 ? 1.f : i % 3 == 1 ? 0.f : 0x1.fep127f);
-    A[i * K + 1] = bf16(1.f);
-  }
-  for (i64 j = 0; j < N; ++j) {
-    B[j] = bf16(1.f);
-    B[N + j] = bf16(ys[j % std::size(ys)]);  // bf16-exact: every y above has at most 8 significant bits
-  }
-  for (i64 i = 0; i < M; ++i)
-    for (i64 j = 0; j < N; ++j) exact[i * N + j] = static_cast<float>(A[i * K]) + static_cast<float>(B[N + j]);
-  tg::backend::cpu::gemm<bf16>(Trans::N, Trans::N, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, C.data(), N, {});
-  for (i64 i = 0; i < M; ++i)
-    for (i64 j = 0; j < N; ++j) {
-      const float want = static_cast<float>(bf16(exact[i * N + j])), got = static_cast<float>(C[i * N + j]);
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(got)) << i << "," << j;
-      } else {
-        EXPECT_EQ(got, want) << "C(" << i << "," << j << ") for 1 + " << ys[j % std::size(ys)];
-        EXPECT_EQ(std::signbit(got), std::signbit(want)) << i << "," << j;
-      }
+  constexpr float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
+  // Three cases: y with a NaN in every row; y without (the AVX512_BF16 kernel then rounds whole rows with
+  // vcvtne2ps2bf16); and the same y with alpha = 2^-10, which makes x + y = 2^-120 an fp32 denormal (that
+  // instruction would flush it to zero; vdpbf16ps flushes denormal inputs and sums, so alpha makes it here).
+  const std::vector<float> with_nan = {0.f, 0x1p-8f, 0x1p-8f + 0x1p-7f, -0x1p-8f, 0x1p-9f, 0x1.8p-8f, 0x1p-7f, kInf,
+                                       -kInf, kNan, 0x1p-120f, -0x1.fep-100f, 3.f, 0x1.fep+127f, 0x1p120f};
+  const std::vector<float> no_nan = {0.f, 0x1p-8f, 0x1p-8f + 0x1p-7f, -0x1p-8f, 0x1p-9f, 0x1.8p-8f, 0x1p-7f, kInf,
+                                     -kInf, 0x1p-120f, -0x1.fep-100f, 3.f, 0x1.fep+127f, 0x1p120f, -0x1.7p-3f};
+  const std::pair<const std::vector<float>*, float> cases[] = {{&with_nan, 1.f}, {&no_nan, 1.f}, {&no_nan, 0x1p-10f}};
+  for (const auto& [ys_ptr, alpha] : cases) {
+    const std::vector<float>& ys = *ys_ptr;
+    // C(i, j) = A(i, 0) * B(0, j) + A(i, 1) * B(1, j) with A(i, 0) = x_i, A(i, 1) = 1, B(0, j) = 1 and
+    // B(1, j) = y_j: every product is exact and the one fp32 addition rounds alike in every kernel, so only
+    // the final rounding to bf16 could differ between paths (0x1.fep127 + 0x1p120 ties to even: inf).
+    std::vector<bf16> A(M * K), B(K * N), C(M * N, bf16(-1.f));
+    std::vector<float> exact(M * N);
+    for (i64 i = 0; i < M; ++i) {
+      A[i * K] = bf16(i % 3 == 0 ? 1.f : i % 3 == 1 ? 0.f : 0x1.fep127f);
+      A[i * K + 1] = bf16(1.f);
     }
+    for (i64 j = 0; j < N; ++j) {
+      B[j] = bf16(1.f);
+      B[N + j] = bf16(ys[static_cast<std::size_t>(j) % ys.size()]);  // bf16-exact: at most 8 significant bits
+    }
+    for (i64 i = 0; i < M; ++i)
+      for (i64 j = 0; j < N; ++j)
+        exact[i * N + j] = alpha * (static_cast<float>(A[i * K]) + static_cast<float>(B[N + j]));  // alpha: 2^n
+    tg::backend::cpu::gemm<bf16>(Trans::N, Trans::N, M, N, K, alpha, A.data(), K, B.data(), N, 0.f, C.data(), N, {});
+    for (i64 i = 0; i < M; ++i)
+      for (i64 j = 0; j < N; ++j) {
+        const float want = static_cast<float>(bf16(exact[i * N + j])), got = static_cast<float>(C[i * N + j]);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << i << "," << j;
+        } else {
+          EXPECT_EQ(got, want) << "C(" << i << "," << j << ") for " << alpha << " * (" << static_cast<float>(A[i * K])
+                               << " + " << ys[static_cast<std::size_t>(j) % ys.size()] << ")";
+          EXPECT_EQ(std::signbit(got), std::signbit(want)) << i << "," << j;
+        }
+      }
+  }
 }
 
 TEST_P(GemmByKernel, EmptyKScalesCAndAppliesTheEpilogue) {
