@@ -97,16 +97,12 @@ long parse_cache_size(const std::string& text) {
 /// = L1d KiB, 0x80000006 ECX[31:16] = L2 KiB, EDX[31:18] = L3 in 512 KiB units. Returns false when none
 /// of them reports a cache.
 bool caches_from_cpuid(CpuCacheSizes& c) {
-  const Regs r0 = cpuid(0, 0);
-  char vendor[13] = {};
-  std::memcpy(vendor + 0, &r0.b, 4);
-  std::memcpy(vendor + 4, &r0.d, 4);
-  std::memcpy(vendor + 8, &r0.c, 4);
-  const bool intel = std::strcmp(vendor, "GenuineIntel") == 0;
-  const bool amd = std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
-  const unsigned max_ext = cpuid(0x80000000u, 0).a;
+  const std::string& vendor = cpu_features().vendor;
+  const bool intel = vendor == "GenuineIntel";
+  const bool amd = vendor == "AuthenticAMD" || vendor == "HygonGenuine";
+  const unsigned max_leaf = cpuid(0, 0).a, max_ext = cpuid(0x80000000u, 0).a;
   unsigned leaf = 0;
-  if (intel && r0.a >= 4) leaf = 4;
+  if (intel && max_leaf >= 4) leaf = 4;
   else if (amd && max_ext >= 0x8000001Du && bit(cpuid(0x80000001u, 0).c, 22)) leaf = 0x8000001Du;  // TopologyExtensions
   bool any = false;
   for (unsigned sub = 0; leaf != 0 && sub < 16; ++sub) {
