@@ -49,6 +49,11 @@ struct Kernel {
                                               std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecF32x16, MR, NR / VecF32x16::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
   }
+  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
+  static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const float* a, const float* b,
+                                                    float* tile) {
+    micro_kernel_short<VecF32x16, MR, NR / VecF32x16::lanes>(rows, kg, a, b, tile);
+  }
 };
 
 }  // namespace

@@ -56,6 +56,11 @@ struct Kernel {
                                               float* c, std::int64_t ldc, float alpha, float beta, bool direct) {
     micro_kernel<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
   }
+  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
+  static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
+                                                    float* tile) {
+    micro_kernel_short<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(rows, kg, a, b, tile);
+  }
 };
 
 }  // namespace
