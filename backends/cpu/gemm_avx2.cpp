@@ -36,9 +36,13 @@ struct Kernel {
   static constexpr bool kKcFromL2 = false;
   static constexpr std::int64_t kKcEighths = 4, kMcEighths = 2, NC = 4096;
   static constexpr bool kDirectBf16 = false;  // 16-bit C goes through write_tile
+  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
-                                              std::int64_t ldc, float alpha, float beta, bool direct) {
-    micro_kernel<VecF32x8, MR, NR / VecF32x8::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
+                                              std::int64_t ldc, float alpha, float beta, bool direct,
+                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
+    constexpr int NV = NR / VecF32x8::lanes;
+    if (walk && quota > 0) micro_kernel<VecF32x8, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
+    else micro_kernel<VecF32x8, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
   }
   /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
   static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const float* a, const float* b,

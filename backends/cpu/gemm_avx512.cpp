@@ -42,12 +42,18 @@ struct Kernel {
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
   static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const float* a, const float* b, std::uint16_t* c,
                                                    std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
-                                                   const float* bias) {
-    micro_kernel_bf16_out<VecF32x16, MR, NR / VecF32x16::lanes>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
+                                                   const float* bias, LineWalk* walk = nullptr, std::int64_t quota = 0) {
+    constexpr int NV = NR / VecF32x16::lanes;
+    if (walk && quota > 0) micro_kernel_bf16_out<VecF32x16, MR, NV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
+    else micro_kernel_bf16_out<VecF32x16, MR, NV>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
   }
+  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
   static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
-                                              std::int64_t ldc, float alpha, float beta, bool direct) {
-    micro_kernel<VecF32x16, MR, NR / VecF32x16::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
+                                              std::int64_t ldc, float alpha, float beta, bool direct,
+                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
+    constexpr int NV = NR / VecF32x16::lanes;
+    if (walk && quota > 0) micro_kernel<VecF32x16, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
+    else micro_kernel<VecF32x16, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
   }
   /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
   static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const float* a, const float* b,

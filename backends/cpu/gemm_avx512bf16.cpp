@@ -49,12 +49,18 @@ struct Kernel {
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
   static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
                                                    std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
-                                                   const float* bias) {
-    micro_kernel_bf16_out<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
+                                                   const float* bias, LineWalk* walk = nullptr, std::int64_t quota = 0) {
+    constexpr int NV = NR / VecBf16Pairs::lanes;
+    if (walk && quota > 0) micro_kernel_bf16_out<VecBf16Pairs, MR, NV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
+    else micro_kernel_bf16_out<VecBf16Pairs, MR, NV>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
   }
-  static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
-                                              float* c, std::int64_t ldc, float alpha, float beta, bool direct) {
-    micro_kernel<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(kg, a, b, c, ldc, alpha, beta, direct);
+  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
+  static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, float* c,
+                                              std::int64_t ldc, float alpha, float beta, bool direct,
+                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
+    constexpr int NV = NR / VecBf16Pairs::lanes;
+    if (walk && quota > 0) micro_kernel<VecBf16Pairs, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
+    else micro_kernel<VecBf16Pairs, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
   }
   /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
   static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
