@@ -120,11 +120,11 @@ def main():
         print("|" + "---|" * len(hdr))
         for r in rows:
             eig = "" if r[7] != r[7] else f"{r[7]:.1f}"
-            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f}% | {r[5]:.1f} | {r[6]:.1f} | {eig} |")
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f}% | {r[5]:.1f} | {r[6]:.2f} | {eig} |")
     else:
         print(f"{hdr[0]:<28}{hdr[1]:<8}{hdr[2]:<6}{hdr[3]:>14}{hdr[4]:>8}{hdr[5]:>15}{hdr[6]:>12}{hdr[7]:>15}")
         for r in rows:
-            print(f"{r[0]:<28}{r[1]:<8}{r[2]:<6}{r[3]:>14.1f}{r[4]:>7.0f}%{r[5]:>15.1f}{r[6]:>12.1f}{r[7]:>15.1f}")
+            print(f"{r[0]:<28}{r[1]:<8}{r[2]:<6}{r[3]:>14.1f}{r[4]:>7.0f}%{r[5]:>15.1f}{r[6]:>12.2f}{r[7]:>15.1f}")
     for prec in ("fp32", "bf16"):
         sel = [r for r in rows if r[2] == prec]
         if sel:

@@ -817,9 +817,11 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   // Thread grid: the largest per-thread tile area decides; among grids within 5% of the best, the one
   // with the fewest row parts wins (with one row part every thread packs only the B panels it uses, so
   // no barrier is needed; the price, each thread packing all of A, is (threads-1)/(2N) of the flops).
-  // Except when A has at least 4x the rows of B's block (the LM head's dW: 50304 x 256 against 256 x 768):
-  // then every thread packing all of A reads it from memory once per thread, and the grid with the most
-  // row parts wins; its B packing is shared, two barriers per K block.
+  // Except when A has at least 2x the rows of B's block (the dW products: qkv 2304 x 256 and the LM head's
+  // 50304 x 256 against 256 x 768): then every thread packing all of A costs more than sharing the B packing
+  // (two barriers per K block), and the grid with the most row parts wins. The threshold was 4 until an A/B
+  // (6 rounds, Zen 5, 2 threads) put qkv dW at 76.7 -> 78.8% (fp32) and 78.6 -> 79.8% (bf16) with 2; at 1
+  // (square shapes, attn_proj dW) the row split measured no better.
   const i64 pm_all = ceil_div(M, MR), pn_all = ceil_div(imin(N, nc_nom), NR);
   const auto row_parts = [&](int nt) {
     i64 best = -1;
@@ -829,7 +831,7 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
         if (best < 0 || cost < best) best = cost;
       }
     const auto near_best = [&](int d) { return nt % d == 0 && ceil_div(pm_all, d) * ceil_div(pn_all, nt / d) * 100 <= best * 105; };
-    if (M >= 4 * imin(N, nc_nom)) {  // A dominates the packing: split its rows (see the comment above)
+    if (M >= 2 * imin(N, nc_nom)) {  // A dominates the packing: split its rows (see the comment above)
       for (int d = nt; d >= 1; --d)
         if (near_best(d)) return d;
     }
