@@ -3,11 +3,12 @@
 
 Usage (the OPENBLAS variables must not be set for torch's BLAS to pick its own kernels):
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /usr/bin/python3 benchmarks/compare_pytorch_gemm.py \
-        build/cpu/benchmarks/bench_gemm [--threads 2] [--repetitions 3] [--markdown]
+        build/cpu/benchmarks/bench_gemm [--threads 2] [--rounds 3] [--repetitions 1] [--markdown]
 
-It runs bench_gemm (JSON, median of repetitions) and times torch.matmul for the same products in the same
-run, then prints: shape, product, precision, ours GFLOP/s, % of the measured peak (fp32: FMA; bf16: vdpbf16ps
-where the CPU has it, else the fp32 peak), torch GFLOP/s, ratio.
+Per shape it runs `rounds` rounds of one bench_gemm process (JSON, median of repetitions) followed by
+torch.matmul on the same products, then prints: shape, product, precision, ours GFLOP/s, % of the measured
+peak (fp32: FMA; bf16: vdpbf16ps where the CPU has it, else the fp32 peak), torch GFLOP/s, the ratio of the
+two medians, and the range of the per-round ratios.
 Products of a linear layer Y[M,N] = X[M,K] W[N,K]^T:  fwd = X @ W.T,  dX = dY @ W,  dW = dY.T @ X.
 """
 import argparse
@@ -31,7 +32,8 @@ def run_ours(binary, repetitions, threads, bench_filter="^gemm/ours/|^gemm/eigen
     data = json.loads(out)
     res = {}
     for b in data["benchmarks"]:
-        if b.get("aggregate_name") != "median":
+        # With repetitions, the median aggregate; a single repetition reports no aggregates, only the run.
+        if b.get("aggregate_name", "median" if repetitions == 1 else None) != "median":
             continue
         name = b["run_name"]  # gemm/ours/fp32/qkv/fwd/real_time
         parts = name.split("/")
@@ -71,26 +73,42 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench_gemm", help="path to the bench_gemm binary")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--repetitions", type=int, default=1, help="bench_gemm repetitions per round (median)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per shape, each one bench_gemm process then torch; the table shows medians")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = ap.parse_args()
 
     import torch
     torch.set_num_threads(args.threads)
 
-    # The machines are shared: each shape runs in its own bench_gemm process, whose % of peak uses the peaks
-    # measured at that process's start, and torch runs right after it, so each row's figures are close in time.
+    # The machines are shared and their speed drifts by several percent within minutes. Each shape runs in
+    # rounds: one bench_gemm process (its % of peak uses the peaks measured at that process's start), then
+    # torch on the same products, so both sides of a round are close in time; the table shows each side's
+    # median over the rounds and the range of the per-round ratios.
     context, ours = run_ours(args.bench_gemm, 1, args.threads, "^peak/")
     per_shape_peaks = []
     torch_gflops = {}
+    round_ratios = {}
     for name, M, N, K in SHAPES:
-        ctx, res = run_ours(args.bench_gemm, args.repetitions, args.threads, f"^gemm/(ours|eigen)/[^/]+/{name}/")
-        ours.update(res)
-        per_shape_peaks.append((name, ctx.get(f"peak_fp32_GFLOPS_{args.threads}threads"),
-                                ctx.get(f"peak_bf16_GFLOPS_{args.threads}threads")))
-        for product in PRODUCTS:
-            for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-                torch_gflops[(name, product, prec)] = time_torch(torch, M, N, K, product, dtype)
+        ours_rounds, torch_rounds = {}, {}
+        for _ in range(max(1, args.rounds)):
+            ctx, res = run_ours(args.bench_gemm, args.repetitions, args.threads, f"^gemm/(ours|eigen)/[^/]+/{name}/")
+            for key, value in res.items():
+                ours_rounds.setdefault(key, []).append(value)
+            per_shape_peaks.append((name, ctx.get(f"peak_fp32_GFLOPS_{args.threads}threads"),
+                                    ctx.get(f"peak_bf16_GFLOPS_{args.threads}threads")))
+            for product in PRODUCTS:
+                for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                    gf = time_torch(torch, M, N, K, product, dtype)
+                    torch_rounds.setdefault((name, product, prec), []).append(gf)
+                    if (name, product, prec) in res:
+                        round_ratios.setdefault((name, product, prec), []).append(res[(name, product, prec)][0] / gf)
+        for key, values in ours_rounds.items():
+            ours[key] = tuple(None if values[0][i] is None else statistics.median(v[i] for v in values)
+                              for i in range(3))
+        for key, values in torch_rounds.items():
+            torch_gflops[key] = statistics.median(values)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"ours: fp32 = {context.get('gemm_kernel_fp32')}, bf16 = {context.get('gemm_kernel_bf16')}")
     for k, v in sorted(context.items()):
@@ -101,6 +119,7 @@ def main():
             print(f"# measured peak {b} {c}: {gf:.1f} GFLOP/s")
     for name, p32, p16 in per_shape_peaks:
         print(f"# peaks measured before {name}: fp32 {p32}; bf16 {p16}")
+    print(f"# {max(1, args.rounds)} rounds per shape; GFLOP/s and % peak are medians over the rounds")
 
     rows = []
     for name, M, N, K in SHAPES:
@@ -112,19 +131,23 @@ def main():
                     continue
                 pct = o[1] if prec == "fp32" else o[2]
                 eig = ours.get((name, product, "eigen-" + prec), (float("nan"),))[0]
-                rows.append((f"{name} ({M},{N},{K})", product, prec, o[0], pct, t, o[0] / t, eig))
+                rr = round_ratios.get((name, product, prec), [o[0] / t])
+                rows.append((f"{name} ({M},{N},{K})", product, prec, o[0], pct, t, o[0] / t, eig,
+                             f"{min(rr):.2f}-{max(rr):.2f}"))
     hdr = ("shape (M,N,K)", "product", "prec", "ours GFLOP/s", "% peak", "torch GFLOP/s", "ours/torch",
-           "Eigen GFLOP/s")
+           "Eigen GFLOP/s", "ours/torch per round")
     if args.markdown:
         print("| " + " | ".join(hdr) + " |")
         print("|" + "---|" * len(hdr))
         for r in rows:
             eig = "" if r[7] != r[7] else f"{r[7]:.1f}"
-            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f}% | {r[5]:.1f} | {r[6]:.2f} | {eig} |")
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f}% | {r[5]:.1f} | {r[6]:.2f} | {eig} | {r[8]} |")
     else:
-        print(f"{hdr[0]:<28}{hdr[1]:<8}{hdr[2]:<6}{hdr[3]:>14}{hdr[4]:>8}{hdr[5]:>15}{hdr[6]:>12}{hdr[7]:>15}")
+        print(f"{hdr[0]:<28}{hdr[1]:<8}{hdr[2]:<6}{hdr[3]:>14}{hdr[4]:>8}{hdr[5]:>15}{hdr[6]:>12}{hdr[7]:>15}"
+              f"{hdr[8]:>22}")
         for r in rows:
-            print(f"{r[0]:<28}{r[1]:<8}{r[2]:<6}{r[3]:>14.1f}{r[4]:>7.0f}%{r[5]:>15.1f}{r[6]:>12.2f}{r[7]:>15.1f}")
+            print(f"{r[0]:<28}{r[1]:<8}{r[2]:<6}{r[3]:>14.1f}{r[4]:>7.0f}%{r[5]:>15.1f}{r[6]:>12.2f}{r[7]:>15.1f}"
+                  f"{r[8]:>22}")
     for prec in ("fp32", "bf16"):
         sel = [r for r in rows if r[2] == prec]
         if sel:
