@@ -15,7 +15,7 @@ namespace tg::backend::cpu::packed {
 struct GemmBlocking {
   std::int64_t l1d = 32 * 1024, l2 = 512 * 1024;
   std::int64_t kc = 0, mc = 0, nc = 0;
-  std::int64_t k_split_ratio = 4;
+  std::int64_t k_split_ratio = 8;
 };
 
 /// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
@@ -1009,6 +1009,10 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
 // rounded once). Each operand is then read and packed once in all, at the price of M x N x threads fp32
 // partials (capped at kKSplitMaxPartialBytes per thread) and one pass over them. The summation order of
 // each output depends on the team size, like any change of the K blocking.
+// The split needs K >= 8 max(M, N) by default (TG_GEMM_KSPLIT_RATIO): it was 4, which also split the
+// K = 3072 products (fc_proj fwd, fc dX); once B's source was prefetched inside the kernel (Note [B source
+// prefetch]) the C split ran those faster (6 rounds, Zen 5: fc dX 76.4 -> 79.3% fp32, 78.1 -> 79.9% bf16;
+// fc_proj fwd 75.6 -> 76.8 / 76.2 -> 80.7), while the LM head's dX (ratio 65) still gains from the split.
 inline constexpr i64 kKSplitMaxPartialBytes = i64{8} << 20;
 inline constexpr int kKSplitMaxThreads = 64;
 inline bool k_split_pays(const GemmBlocking& bk, i64 M, i64 N, i64 K, int threads) {

@@ -520,7 +520,7 @@ struct ForceKSplitRatio : ScopedEnv {
   explicit ForceKSplitRatio(const char* spec) : ScopedEnv("TG_GEMM_KSPLIT_RATIO", spec) {}
 };
 
-// K at least 4x max(M, N) (the LM head's dX): the threads split K and sum fp32 partials (Note [GEMM K
+// K at least 8x max(M, N) (the LM head's dX): the threads split K and sum fp32 partials (Note [GEMM K
 // split]); 3 threads give uneven K shares (rounded to 16). alpha is applied per partial, beta, the bias and
 // the bf16 copy once, after the sum; 16-bit C is rounded once.
 TEST_P(GemmByKernel, LongKSplitBetweenThreadsSumsThePartialsOnce) {
