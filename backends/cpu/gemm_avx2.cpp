@@ -30,25 +30,10 @@ struct VecF32x8 {
 // MC: an A block takes a quarter of L2 (512 KiB, KC = 256 -> 126 rows; Note [GEMM blocking from cache sizes]).
 // NC = 4096: a B block is 256 x 4096 x 4 B = 4 MiB, well inside L3 (on 2 threads each core packs and
 // reads its own half of it: Note [GEMM blocking and threads]).
-struct Kernel {
-  using elem = float;
-  static constexpr int MR = 6, NR = 16, KP = 1;
+struct Kernel : MicroKernels<VecF32x8, 6, 16> {
   static constexpr bool kKcFromL2 = false;
   static constexpr std::int64_t kKcEighths = 4, kMcEighths = 2, NC = 4096;
   static constexpr bool kDirectBf16 = false;  // 16-bit C goes through write_tile
-  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
-  static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
-                                              std::int64_t ldc, float alpha, float beta, bool direct,
-                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
-    constexpr int NV = NR / VecF32x8::lanes;
-    if (walk && quota > 0) micro_kernel<VecF32x8, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
-    else micro_kernel<VecF32x8, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
-  }
-  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
-  static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const float* a, const float* b,
-                                                    float* tile) {
-    micro_kernel_short<VecF32x8, MR, NR / VecF32x8::lanes>(rows, kg, a, b, tile);
-  }
 };
 
 }  // namespace

@@ -34,32 +34,10 @@ struct VecF32x16 {
 // 264 80.3%. 1 MiB L2 -> KC = 1024 (K = 768: one block; 3072: three).
 // MC: the A block takes 6/8 of L2 (1 MiB, KC = 768 -> 252 rows), so a 256-token GEMM packs A in one or two
 // blocks and re-reads B's panels at most twice.  NC = 4096: a B block up to 12 MiB, in L3.
-struct Kernel {
-  using elem = float;
-  static constexpr int MR = 12, NR = 32, KP = 1;
+struct Kernel : MicroKernels<VecF32x16, 12, 32> {
   static constexpr bool kKcFromL2 = true;
   static constexpr std::int64_t kKcEighths = 1, kMcEighths = 6, NC = 4096;
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
-  static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const float* a, const float* b, std::uint16_t* c,
-                                                   std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
-                                                   const float* bias, LineWalk* walk = nullptr, std::int64_t quota = 0) {
-    constexpr int NV = NR / VecF32x16::lanes;
-    if (walk && quota > 0) micro_kernel_bf16_out<VecF32x16, MR, NV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
-    else micro_kernel_bf16_out<VecF32x16, MR, NV>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
-  }
-  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
-  static __attribute__((noinline)) void micro(std::int64_t kg, const float* a, const float* b, float* c,
-                                              std::int64_t ldc, float alpha, float beta, bool direct,
-                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
-    constexpr int NV = NR / VecF32x16::lanes;
-    if (walk && quota > 0) micro_kernel<VecF32x16, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
-    else micro_kernel<VecF32x16, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
-  }
-  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
-  static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const float* a, const float* b,
-                                                    float* tile) {
-    micro_kernel_short<VecF32x16, MR, NR / VecF32x16::lanes>(rows, kg, a, b, tile);
-  }
 };
 
 }  // namespace

@@ -41,32 +41,10 @@ struct VecBf16Pairs {
 // of L2 (1 MiB -> KC = 2048: K = 768 is one block, so a bf16 C needs no fp32 workspace there); the A block
 // takes 6/8 of L2. KC is even, so only the last K block can be odd, and its missing partner is packed as
 // zero on both sides.
-struct Kernel {
-  using elem = std::uint16_t;
-  static constexpr int MR = 12, NR = 32, KP = 2;
+struct Kernel : MicroKernels<VecBf16Pairs, 12, 32> {
   static constexpr bool kKcFromL2 = true;
   static constexpr std::int64_t kKcEighths = 1, kMcEighths = 6, NC = 4096;
   static constexpr bool kDirectBf16 = true;  // Note [direct bf16 write-back]
-  static __attribute__((noinline)) void micro_bf16(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* c,
-                                                   std::int64_t ldc, float alpha, const float* prev, std::int64_t ldp,
-                                                   const float* bias, LineWalk* walk = nullptr, std::int64_t quota = 0) {
-    constexpr int NV = NR / VecBf16Pairs::lanes;
-    if (walk && quota > 0) micro_kernel_bf16_out<VecBf16Pairs, MR, NV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
-    else micro_kernel_bf16_out<VecBf16Pairs, MR, NV>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
-  }
-  /// With walk: also prefetches up to `quota` of its lines, spread over the K loop (Note [B source prefetch]).
-  static __attribute__((noinline)) void micro(std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b, float* c,
-                                              std::int64_t ldc, float alpha, float beta, bool direct,
-                                              LineWalk* walk = nullptr, std::int64_t quota = 0) {
-    constexpr int NV = NR / VecBf16Pairs::lanes;
-    if (walk && quota > 0) micro_kernel<VecBf16Pairs, MR, NV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
-    else micro_kernel<VecBf16Pairs, MR, NV>(kg, a, b, c, ldc, alpha, beta, direct);
-  }
-  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
-  static __attribute__((noinline)) void micro_short(int rows, std::int64_t kg, const std::uint16_t* a, const std::uint16_t* b,
-                                                    float* tile) {
-    micro_kernel_short<VecBf16Pairs, MR, NR / VecBf16Pairs::lanes>(rows, kg, a, b, tile);
-  }
 };
 
 }  // namespace

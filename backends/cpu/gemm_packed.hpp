@@ -368,6 +368,37 @@ inline __attribute__((always_inline)) void micro_kernel_bf16_out(i64 kgroups, co
 }
 #endif
 
+/// What every ISA's Kernel struct inherits: the tile shape (MR x NR over k-groups of KP) and the kernel entry
+/// points for its vector type V, noinline, so each is one function per ISA and element type.
+template <class V, int kMR, int kNR>
+struct MicroKernels {
+  using elem = typename V::elem;
+  using E = elem;
+  static constexpr int MR = kMR, NR = kNR, KP = V::kp;
+  static constexpr int kNV = NR / V::lanes;
+  static_assert(NR % V::lanes == 0, "MicroKernels: NR must be whole vectors");
+  /// A full tile (direct) or the raw tile; with walk, also prefetches up to `quota` of its lines, spread over
+  /// the K loop (Note [B source prefetch]).
+  static __attribute__((noinline)) void micro(i64 kg, const E* a, const E* b, float* c, i64 ldc, float alpha,
+                                              float beta, bool direct, LineWalk* walk = nullptr, i64 quota = 0) {
+    if (walk && quota > 0) micro_kernel<V, MR, kNV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
+    else micro_kernel<V, MR, kNV>(kg, a, b, c, ldc, alpha, beta, direct);
+  }
+  /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
+  static __attribute__((noinline)) void micro_short(int rows, i64 kg, const E* a, const E* b, float* tile) {
+    micro_kernel_short<V, MR, kNV>(rows, kg, a, b, tile);
+  }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  /// A full tile of a bf16 C, rounded from the registers (Note [direct bf16 write-back]); walk as in micro.
+  static __attribute__((noinline)) void micro_bf16(i64 kg, const E* a, const E* b, std::uint16_t* c, i64 ldc,
+                                                   float alpha, const float* prev, i64 ldp, const float* bias,
+                                                   LineWalk* walk = nullptr, i64 quota = 0) {
+    if (walk && quota > 0) micro_kernel_bf16_out<V, MR, kNV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
+    else micro_kernel_bf16_out<V, MR, kNV>(kg, a, b, c, ldc, alpha, prev, ldp, bias);
+  }
+#endif
+};
+
 // ---- write-back of edge tiles and epilogues ------------------------------------------------------------
 /// dst = alpha * tile + beta * prev (+ bias[j]); prev == nullptr reads nothing (beta == 0 or a fresh
 /// workspace); o16, when set, receives the bf16 rounding of the same fp32 value.
