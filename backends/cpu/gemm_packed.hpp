@@ -168,15 +168,17 @@ struct LineWalk {
   const char* row = nullptr;
   i64 stride = 0, per_row = 1, col = 0, left = 0;
 };
+/// One step of a walk: prefetches line (row, col) into L2 and moves to the next line.
+inline __attribute__((always_inline)) void prefetch_and_advance(const char*& row, i64& col, i64 per_row, i64 stride) {
+  _mm_prefetch(row + col * 64, _MM_HINT_T1);
+  if (++col == per_row) {
+    col = 0;
+    row += stride;
+  }
+}
 /// Prefetches the next n lines of w into L2 now (before a kernel call that does not walk).
 inline void walk_lines(LineWalk& w, i64 n) {
-  for (; n > 0 && w.left > 0; --n, --w.left) {
-    _mm_prefetch(w.row + w.col * 64, _MM_HINT_T1);
-    if (++w.col == w.per_row) {
-      w.col = 0;
-      w.row += w.stride;
-    }
-  }
+  for (; n > 0 && w.left > 0; --n, --w.left) prefetch_and_advance(w.row, w.col, w.per_row, w.stride);
 }
 
 // AS is the A panel's row count (the packed A step per k-group): a short kernel (MR < AS) runs on the first
@@ -208,11 +210,7 @@ inline __attribute__((always_inline)) void accumulate(i64 kgroups, const typenam
       if (--countdown == 0) {
         countdown = every;
         if (w_todo > 0) {
-          _mm_prefetch(w_row + w_col * 64, _MM_HINT_T1);
-          if (++w_col == walk->per_row) {
-            w_col = 0;
-            w_row += walk->stride;
-          }
+          prefetch_and_advance(w_row, w_col, walk->per_row, walk->stride);
           --w_todo;
         }
       }
@@ -373,24 +371,23 @@ inline __attribute__((always_inline)) void micro_kernel_bf16_out(i64 kgroups, co
 template <class V, int kMR, int kNR>
 struct MicroKernels {
   using elem = typename V::elem;
-  using E = elem;
   static constexpr int MR = kMR, NR = kNR, KP = V::kp;
   static constexpr int kNV = NR / V::lanes;
   static_assert(NR % V::lanes == 0, "MicroKernels: NR must be whole vectors");
   /// A full tile (direct) or the raw tile; with walk, also prefetches up to `quota` of its lines, spread over
   /// the K loop (Note [B source prefetch]).
-  static __attribute__((noinline)) void micro(i64 kg, const E* a, const E* b, float* c, i64 ldc, float alpha,
+  static __attribute__((noinline)) void micro(i64 kg, const elem* a, const elem* b, float* c, i64 ldc, float alpha,
                                               float beta, bool direct, LineWalk* walk = nullptr, i64 quota = 0) {
     if (walk && quota > 0) micro_kernel<V, MR, kNV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
     else micro_kernel<V, MR, kNV>(kg, a, b, c, ldc, alpha, beta, direct);
   }
   /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
-  static __attribute__((noinline)) void micro_short(int rows, i64 kg, const E* a, const E* b, float* tile) {
+  static __attribute__((noinline)) void micro_short(int rows, i64 kg, const elem* a, const elem* b, float* tile) {
     micro_kernel_short<V, MR, kNV>(rows, kg, a, b, tile);
   }
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   /// A full tile of a bf16 C, rounded from the registers (Note [direct bf16 write-back]); walk as in micro.
-  static __attribute__((noinline)) void micro_bf16(i64 kg, const E* a, const E* b, std::uint16_t* c, i64 ldc,
+  static __attribute__((noinline)) void micro_bf16(i64 kg, const elem* a, const elem* b, std::uint16_t* c, i64 ldc,
                                                    float alpha, const float* prev, i64 ldp, const float* bias,
                                                    LineWalk* walk = nullptr, i64 quota = 0) {
     if (walk && quota > 0) micro_kernel_bf16_out<V, MR, kNV, true>(kg, a, b, c, ldc, alpha, prev, ldp, bias, walk, quota);
