@@ -100,6 +100,7 @@ void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without C
 }
 bool allow_tf32() { return false; }
 std::int64_t gelu_epilogue_calls() { return 0; }
+std::int64_t padded_gemm_calls() { return 0; }
 template <class T>
 void matmul_strided(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&, std::int64_t,
                     std::int64_t, std::int64_t) {

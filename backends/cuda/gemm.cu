@@ -42,6 +42,7 @@ namespace {
 
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<std::int64_t> g_gelu_epilogue_calls{0};
+std::atomic<std::int64_t> g_padded_gemm_calls{0};  // Note [16-byte aligned GEMM operands]
 
 // ---- handles and workspaces (one device, created on first use) ----------------------------------------
 // GEMMs run on the current stream (Note [CUDA streams], runtime.hpp). A cuBLAS workspace may be used by
@@ -154,26 +155,31 @@ __global__ void add_bias_kernel(T* c, const T* bias, std::int64_t M, std::int64_
 // multiple of 16 bytes (8 bf16/fp16 elements). Otherwise its heuristic falls back to kernels of an older
 // generation that load 2 bytes at a time: on an H200 the GPT-2 LM head (vocabulary 50257, so the logits'
 // row stride is odd) ran its three GEMMs (logits, dX, dW) through cutlass_75 "align1" kernels at about
-// 100 TFLOP/s, 21% of the training step's GPU time (docs/performance.md). A 16-bit GEMM (not batched, no
-// GELU epilogue) with such an operand copies it into a block whose row stride is rounded up to 16 bytes
-// (cudaMemcpy2DAsync: the copy engine, one read and one write of the matrix), computes C there and copies
-// it back; the copies cost far less than the slow kernel. Only GEMMs of at least 2^30 multiply-adds do
-// this: for small ones the extra launches and allocations cost more than a faster kernel saves. (In the
-// H200 run where every misaligned 16-bit GEMM went through the copies, its 1215 CPU-vs-CUDA op tests
-// passed with tiny odd shapes taking this path, and the tiny trainer of tests/trainer/train_gpt_cuda.sh
-// ran at 44.6 ms/step against 32.5 and 34.8 before: a slowdown the copies may explain, not isolated.)
-// What it did for GPT-2 on the H200 (ncu): the LM head's dW GEMM moved to an aligned kernel (10.6 ->
-// 3.1 ms), but the logits and dX GEMMs still got align1 kernels with 16-byte row strides, so the odd
-// extent (50257) itself counts for them too; padding that extent with zeros is the next step.
+// 100 TFLOP/s, 21% of the training step's GPU time (docs/performance.md). Realigning the row strides alone
+// (copies with 16-byte row strides) moved the dW GEMM to an aligned kernel (10.6 -> 3.1 ms) but not the
+// logits and dX GEMMs: an extent that is a row's width (the contiguous dimension) of an operand or of C
+// counts too, and 50257 is N of the logits GEMM and K of dX. So a 16-bit GEMM (not batched, no GELU
+// epilogue) with a misaligned operand or such an extent not a multiple of 8 runs on copies: each operand
+// whose stored shape or alignment changes goes into a block with the padded shape and a 16-byte row stride
+// whose padding is zero (cudaMemcpy2DAsync on the copy engine, cudaMemset2DAsync for the padding), so the
+// padded K terms add 0·0 and the padded rows and columns of C are computed and dropped; C is computed in
+// a padded block and its [M, N] part copied back (copied in first when beta != 0: beta times the block's
+// uninitialised padding lands only in the dropped part); a bias is padded with zeros to the padded N. The
+// copies, one read and one write of each matrix, cost far less than the slow kernel. Only GEMMs of at
+// least 2^30 multiply-adds do this: for small ones the extra launches and allocations cost more than a
+// faster kernel saves. (In the H200 run where every misaligned 16-bit GEMM went through realigning copies,
+// its 1215 CPU-vs-CUDA op tests passed with tiny odd shapes taking this path, and the tiny trainer of
+// tests/trainer/train_gpt_cuda.sh ran at 44.6 ms/step against 32.5 and 34.8 before: a slowdown the copies
+// may explain, not isolated.) padded_gemm_calls() counts the GEMMs that took this path.
 // The blocks are Workspaces (common.cuh): back to the caching allocator's per-stream free list as soon as
 // the work is enqueued.
 
 bool aligned16(const void* p, std::int64_t ld, std::size_t elem) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (static_cast<std::size_t>(ld) * elem) % 16 == 0;
 }
+std::int64_t round_up(std::int64_t v, std::int64_t q) { return (v + q - 1) / q * q; }
 std::int64_t ld_rounded_to_16_bytes(std::int64_t width, std::size_t elem) {
-  const auto q = static_cast<std::int64_t>(16 / elem);
-  return (width + q - 1) / q * q;
+  return round_up(width, static_cast<std::int64_t>(16 / elem));
 }
 /// Copies the row-major [rows, width] matrix with row stride from_ld into one with row stride to_ld.
 void copy_rows(void* to, std::int64_t to_ld, const void* from, std::int64_t from_ld, std::int64_t rows,
@@ -182,6 +188,22 @@ void copy_rows(void* to, std::int64_t to_ld, const void* from, std::int64_t from
   TG_CUDA_CHECK(cudaMemcpy2DAsync(to, static_cast<std::size_t>(to_ld) * elem, from, static_cast<std::size_t>(from_ld) * elem,
                                   static_cast<std::size_t>(width) * elem, static_cast<std::size_t>(rows),
                                   cudaMemcpyDeviceToDevice, stream));
+}
+/// Copies the row-major [rows, width] matrix into the [padded_rows, padded_width] block `to` (row stride
+/// to_ld) and zeroes the block's padding: columns [width, padded_width) of the first rows and the rows after.
+void copy_rows_zero_padded(void* to, std::int64_t to_ld, std::int64_t padded_rows, std::int64_t padded_width,
+                           const void* from, std::int64_t from_ld, std::int64_t rows, std::int64_t width,
+                           std::size_t elem, cudaStream_t stream) {
+  copy_rows(to, to_ld, from, from_ld, rows, width, elem, stream);
+  char* const base = static_cast<char*>(to);
+  const std::size_t pitch = static_cast<std::size_t>(to_ld) * elem;
+  if (padded_width > width)
+    TG_CUDA_CHECK(cudaMemset2DAsync(base + static_cast<std::size_t>(width) * elem, pitch, 0,
+                                    static_cast<std::size_t>(padded_width - width) * elem,
+                                    static_cast<std::size_t>(rows), stream));
+  if (padded_rows > rows)
+    TG_CUDA_CHECK(cudaMemsetAsync(base + static_cast<std::size_t>(rows) * pitch, 0,
+                                  static_cast<std::size_t>(padded_rows - rows) * pitch, stream));
 }
 
 /// Runs the GEMM; with `gelu` only through cuBLASLt's GELU_AUX(_BIAS) epilogue, and returns false
@@ -206,30 +228,48 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   }
   static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
   if constexpr (sizeof(T) == 2) {  // Note [16-byte aligned GEMM operands]
-    const bool fix_a = !aligned16(a, g.lda, sizeof(T)), fix_b = !aligned16(b, g.ldb, sizeof(T)),
-               fix_c = !aligned16(c, g.ldc, sizeof(TC));
     const bool large = static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K) >= 0x1p30;
-    if (g.batch == 1 && !gelu && large && (fix_a || fix_b || fix_c)) {
-      const cudaStream_t stream = detail::stream();
-      // stored row-major shapes (Note [row-major GEMMs on column-major cuBLAS]): Trans::T keeps the transpose
-      const std::int64_t a_rows = g.ta == Trans::N ? g.M : g.K, a_width = g.ta == Trans::N ? g.K : g.M;
-      const std::int64_t b_rows = g.tb == Trans::N ? g.K : g.N, b_width = g.tb == Trans::N ? g.N : g.K;
+    if (g.batch == 1 && !gelu && large) {
+      // Extents that are a row's width of a stored matrix (Trans::T keeps the transpose): N of C always, M
+      // of a transposed A, K of a plain A or a transposed B. Those round up to 8 elements.
+      constexpr std::int64_t kQuantum = 16 / sizeof(T);
       Gemm r = g;
-      if (fix_a) r.lda = ld_rounded_to_16_bytes(a_width, sizeof(T));
-      if (fix_b) r.ldb = ld_rounded_to_16_bytes(b_width, sizeof(T));
-      if (fix_c) r.ldc = ld_rounded_to_16_bytes(g.N, sizeof(TC));
-      const detail::Workspace sa(fix_a ? static_cast<std::size_t>(a_rows * r.lda) * sizeof(T) : 0),
-          sb(fix_b ? static_cast<std::size_t>(b_rows * r.ldb) * sizeof(T) : 0),
-          sc(fix_c ? static_cast<std::size_t>(g.M * r.ldc) * sizeof(TC) : 0);
-      const T* ra = fix_a ? sa.as<const T>() : a;
-      const T* rb = fix_b ? sb.as<const T>() : b;
-      TC* rc = fix_c ? sc.as<TC>() : c;
-      if (fix_a) copy_rows(sa.as<void>(), r.lda, a, g.lda, a_rows, a_width, sizeof(T), stream);
-      if (fix_b) copy_rows(sb.as<void>(), r.ldb, b, g.ldb, b_rows, b_width, sizeof(T), stream);
-      if (fix_c && beta != 0) copy_rows(rc, r.ldc, c, g.ldc, g.M, g.N, sizeof(TC), stream);
-      run_gemm<T, TC>(r, ra, rb, rc, alpha, beta, bias, nullptr);
-      if (fix_c) copy_rows(c, g.ldc, rc, r.ldc, g.M, g.N, sizeof(TC), stream);
-      return true;
+      r.N = round_up(g.N, kQuantum);
+      if (g.ta == Trans::T) r.M = round_up(g.M, kQuantum);
+      if (g.ta == Trans::N || g.tb == Trans::T) r.K = round_up(g.K, kQuantum);
+      // stored row-major shapes before and after the padding
+      const auto stored = [](Trans t, std::int64_t rows, std::int64_t cols) {
+        return t == Trans::N ? std::pair{rows, cols} : std::pair{cols, rows};
+      };
+      const auto [a_rows, a_width] = stored(g.ta, g.M, g.K);
+      const auto [b_rows, b_width] = stored(g.tb, g.K, g.N);
+      const auto [pa_rows, pa_width] = stored(g.ta, r.M, r.K);
+      const auto [pb_rows, pb_width] = stored(g.tb, r.K, r.N);
+      const bool fix_a = !aligned16(a, g.lda, sizeof(T)) || pa_rows != a_rows || pa_width != a_width;
+      const bool fix_b = !aligned16(b, g.ldb, sizeof(T)) || pb_rows != b_rows || pb_width != b_width;
+      const bool fix_c = !aligned16(c, g.ldc, sizeof(TC)) || r.M != g.M || r.N != g.N;
+      if (fix_a || fix_b || fix_c) {
+        const cudaStream_t stream = detail::stream();
+        if (fix_a) r.lda = ld_rounded_to_16_bytes(pa_width, sizeof(T));
+        if (fix_b) r.ldb = ld_rounded_to_16_bytes(pb_width, sizeof(T));
+        if (fix_c) r.ldc = ld_rounded_to_16_bytes(r.N, sizeof(TC));
+        const bool pad_bias = bias && r.N != g.N;
+        const detail::Workspace sa(fix_a ? static_cast<std::size_t>(pa_rows * r.lda) * sizeof(T) : 0),
+            sb(fix_b ? static_cast<std::size_t>(pb_rows * r.ldb) * sizeof(T) : 0),
+            sc(fix_c ? static_cast<std::size_t>(r.M * r.ldc) * sizeof(TC) : 0),
+            sbias(pad_bias ? static_cast<std::size_t>(r.N) * sizeof(TC) : 0);
+        if (fix_a)
+          copy_rows_zero_padded(sa.as<void>(), r.lda, pa_rows, pa_width, a, g.lda, a_rows, a_width, sizeof(T), stream);
+        if (fix_b)
+          copy_rows_zero_padded(sb.as<void>(), r.ldb, pb_rows, pb_width, b, g.ldb, b_rows, b_width, sizeof(T), stream);
+        if (fix_c && beta != 0) copy_rows(sc.as<void>(), r.ldc, c, g.ldc, g.M, g.N, sizeof(TC), stream);
+        if (pad_bias) copy_rows_zero_padded(sbias.as<void>(), r.N, 1, r.N, bias, g.N, 1, g.N, sizeof(TC), stream);
+        run_gemm<T, TC>(r, fix_a ? sa.as<const T>() : a, fix_b ? sb.as<const T>() : b, fix_c ? sc.as<TC>() : c, alpha,
+                        beta, pad_bias ? sbias.as<const T>() : bias, nullptr);
+        if (fix_c) copy_rows(c, g.ldc, sc.as<void>(), r.ldc, g.M, g.N, sizeof(TC), stream);
+        g_padded_gemm_calls.fetch_add(1);
+        return true;
+      }
     }
   }
   Blas& h = blas();
@@ -404,6 +444,7 @@ unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<s
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 std::int64_t gelu_epilogue_calls() { return g_gelu_epilogue_calls.load(); }
+std::int64_t padded_gemm_calls() { return g_padded_gemm_calls.load(); }
 
 // ---- matmul ---------------------------------------------------------------------------------------------------
 template <class T>

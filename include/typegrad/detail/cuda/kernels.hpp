@@ -103,6 +103,10 @@ bool allow_tf32();
 /// How many linear_gelu_tanh_forward calls in this process took cuBLASLt's GELU epilogue (one fused GEMM)
 /// rather than the fallback (GEMM, then the gelu_tanh kernel). 0 without the CUDA backend.
 std::int64_t gelu_epilogue_calls();
+/// How many 16-bit GEMMs in this process ran on zero-padded, 16-byte aligned copies of their operands
+/// (Note [16-byte aligned GEMM operands] in backends/cuda/gemm.cu: large GEMMs with an odd row width, such
+/// as GPT-2's LM head with its 50257-token vocabulary). 0 without the CUDA backend.
+std::int64_t padded_gemm_calls();
 /// The CPU's matmul_strided contract (detail/cpu/kernels.hpp): C[i] = A[i]·B[i] over `batch`, sa / sb / sc
 /// = batch strides then (row, col) strides; a 0 batch stride in sc reduces over that dim.
 template <class T>
