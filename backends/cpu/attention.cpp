@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/vec_exp.hpp"
 
 namespace tg::backend::cpu {
 
@@ -64,13 +65,18 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* l
           m = s[j] > m ? s[j] : m;
         }
         A l = 0;
-        for (std::int64_t j = 0; j < last; ++j) {
-          s[j] = std::exp(s[j] - m);
-          l += s[j];
+        if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+          l = vec::sum_exp(s, last, m);
+          vec::exp_scaled(s, last, m, A(1) / l, s);
+        } else {
+          for (std::int64_t j = 0; j < last; ++j) {
+            s[j] = std::exp(s[j] - m);
+            l += s[j];
+          }
+          const A inv = A(1) / l;
+          for (std::int64_t j = 0; j < last; ++j) s[j] *= inv;
         }
         for (std::int64_t j = last; j < kend; ++j) s[j] = 0;
-        const A inv = A(1) / l;
-        for (std::int64_t j = 0; j < last; ++j) s[j] *= inv;
         lse[h * Tn + i0 + r] = m + std::log(l);
       }
       if (hs == 0) continue;
@@ -142,7 +148,11 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           const std::int64_t last = causal ? i0 + r + 1 : Tn;
           const A l = lse[h * Tn + i0 + r], d = Dr[static_cast<std::size_t>(r)];
           for (std::int64_t j = 0; j < last; ++j) {
-            s[j] = std::exp(s[j] * sc - l);
+            if constexpr (std::is_same_v<A, float>) {
+              s[j] = vec::exp_f32(s[j] * sc - l);  // Note [vectorizable exp]
+            } else {
+              s[j] = std::exp(s[j] * sc - l);
+            }
             dp[j] = sc * s[j] * (dp[j] - d);  // scale·dS
           }
           for (std::int64_t j = last; j < kend; ++j) s[j] = dp[j] = 0;

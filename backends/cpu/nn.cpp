@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/vec_exp.hpp"
 
 namespace tg::backend::cpu {
 
@@ -17,6 +18,7 @@ constexpr std::int64_t kColBlock = 64;          // columns per work item of a co
 
 template <class A, class T>
 A row_max(const T* x, std::int64_t n) {
+  if constexpr (std::is_same_v<A, float>) return vec::max_of(x, n);  // the same value, vectorized
   A m = -std::numeric_limits<A>::infinity();
   for (std::int64_t j = 0; j < n; ++j) {
     const A v = scalar_cast<A>(x[j]);
@@ -35,23 +37,29 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool l
     const T* xr = x + r * n;
     T* yr = y + r * n;
     const A m = row_max<A>(xr, n);
-    A s = 0;
-    if (log) {
-      for (std::int64_t j = 0; j < n; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
-      const A ls = m + std::log(s);
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
-    } else if constexpr (std::is_same_v<T, A>) {  // full-precision storage: keep exp in y, then scale
-      for (std::int64_t j = 0; j < n; ++j) {
-        const A e = std::exp(xr[j] - m);
-        yr[j] = e;
-        s += e;
+    if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+      const A s = vec::sum_exp(xr, n, m);      // a row of -inf gives NaN (x − m is NaN), as std::exp does
+      if (log) {
+        const A ls = m + std::log(s);
+        for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
+      } else {
+        vec::exp_scaled(xr, n, m, A(1) / s, yr);  // exp recomputed: cheaper than a second pass over y
       }
-      const A inv = A(1) / s;
-      for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
-    } else {  // 16-bit storage: recompute exp rather than round it twice
-      for (std::int64_t j = 0; j < n; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
-      const A inv = A(1) / s;
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(std::exp(scalar_cast<A>(xr[j]) - m) * inv);
+    } else {  // fp64
+      A s = 0;
+      if (log) {
+        for (std::int64_t j = 0; j < n; ++j) s += std::exp(xr[j] - m);
+        const A ls = m + std::log(s);
+        for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - ls;
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const A e = std::exp(xr[j] - m);
+          yr[j] = e;
+          s += e;
+        }
+        const A inv = A(1) / s;
+        for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
+      }
     }
   }
 }
@@ -67,8 +75,12 @@ void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::in
     A s = 0;
     if (log) {
       for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]);
-      for (std::int64_t j = 0; j < n; ++j)
-        dr[j] = scalar_cast<T>(scalar_cast<A>(gr[j]) - std::exp(scalar_cast<A>(yr[j])) * s);
+      if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+        for (std::int64_t j = 0; j < n; ++j)
+          dr[j] = scalar_cast<T>(scalar_cast<A>(gr[j]) - vec::exp_f32(scalar_cast<A>(yr[j])) * s);
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) dr[j] = gr[j] - std::exp(yr[j]) * s;
+      }
     } else {
       for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
       for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - s));
@@ -225,7 +237,11 @@ double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum
     const T* xr = logits + r * V;
     const A m = row_max<A>(xr, V);
     A s = 0;
-    for (std::int64_t j = 0; j < V; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
+    if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+      s = vec::sum_exp(xr, V, m);
+    } else {
+      for (std::int64_t j = 0; j < V; ++j) s += std::exp(scalar_cast<A>(xr[j]) - m);
+    }
     const A l = m + std::log(s);
     lse[r] = l;
     const std::int64_t t = targets[r];
@@ -257,7 +273,11 @@ void cross_entropy_backward(const T* logits, const std::int64_t* targets, const 
       continue;
     }
     const A l = lse[r];
-    for (std::int64_t j = 0; j < V; ++j) dr[j] = scalar_cast<T>(sc * std::exp(scalar_cast<A>(xr[j]) - l));
+    if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+      vec::exp_scaled(xr, V, l, sc, dr);
+    } else {
+      for (std::int64_t j = 0; j < V; ++j) dr[j] = scalar_cast<T>(sc * std::exp(scalar_cast<A>(xr[j]) - l));
+    }
     dr[t] = scalar_cast<T>(sc * (std::exp(scalar_cast<A>(xr[t]) - l) - A(1)));
   }
 }

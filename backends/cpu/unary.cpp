@@ -5,13 +5,14 @@
 #include <cstring>
 #include <type_traits>
 
-// Note [vectorized GELU for 16-bit storage]: GCC if-converts the clamps and vectorizes floorf only when FP
+// Note [vectorized GELU]: GCC if-converts the clamps and vectorizes floorf only when FP
 // operations may be assumed not to trap. The kernels here never read the FP exception flags, so this
 // changes no result (unlike -ffast-math, which this file does not use).
 #pragma GCC optimize("no-trapping-math")
 
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/vec_exp.hpp"
 
 namespace tg::backend::cpu {
 
@@ -56,35 +57,15 @@ void dispatch(math::Unary op, F f) {
   }
 }
 
-// Note [vectorized GELU for 16-bit storage]
-// math::gelu_tanh calls std::exp through a branch, so its loops stay scalar (one libm call per element).
-// For bf16 / fp16 storage, whose rounding (2^-8 / 2^-11 relative) dwarfs a 1e-7 error in fp32, the
-// contiguous GELU loops use exp by range reduction (n = round(x·log2 e), r = x − n·ln 2 in two parts) and a
-// degree-6 Taylor polynomial on |r| ≤ ln2/2 (relative error < 2e-7), with the argument clamped to
-// [-87, 88] and no branch, so the compiler vectorizes them. sigmoid(z) = 1 / (1 + e^-z) then saturates to 0
-// or 1 at the clamp. Rounded to 16 bits the result equals the scalar path's except, rarely, by one unit in
-// the last place at a rounding boundary. fp32 and fp64 keep the scalar formulas.
-inline float exp_poly(float x) {
-  x = x < -87.f ? -87.f : x;
-  x = x > 88.f ? 88.f : x;
-  const float n = (x * 1.4426950408889634f + 12582912.f) - 12582912.f;  // round to nearest (1.5·2^23 trick)
-  const float r = (x - n * 0.693145751953125f) - n * 1.4286068203094172e-6f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  // p·2^n by adding n to the exponent field; n in [-125, 127], p in [0.7, 1.42]
-  std::int32_t b;
-  std::memcpy(&b, &p, 4);
-  b += static_cast<std::int32_t>(n) << 23;
-  float out;
-  std::memcpy(&out, &b, 4);
-  return out;
-}
-inline float sigmoid_poly(float z) { return 1.f / (1.f + exp_poly(-z)); }
+// Note [vectorized GELU]
+// math::gelu_tanh calls std::exp through a branch, so loops over it stay scalar (one libm call per element).
+// The contiguous GELU loops of fp32, bf16 and fp16 storage instead compute gelu_tanh(x) = x·sigmoid(2u),
+// u = √(2/π)(x + 0.044715x³), with sigmoid(z) = 1 / (1 + e^-z) and e^x from vec::exp_f32 (Note [vectorizable
+// exp]: within 2 ulp, saturating to 0 and inf like expf), which the compiler vectorizes. For 16-bit
+// storage the result rounded to 16 bits equals the scalar path's except, rarely, by one unit in the last
+// place at a rounding boundary; in fp32 it differs from the tanh formula by a few ulp (fp32 took this path
+// on 2026-12-04; before, only 16-bit storage did). fp64 keeps the scalar formulas.
+inline float sigmoid_poly(float z) { return 1.f / (1.f + vec::exp_f32(-z)); }
 constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
 inline float gelu_tanh_poly(float x) { return x * sigmoid_poly(2.f * kGeluK * (x + kGeluC * x * x * x)); }
 inline float gelu_tanh_grad_poly(float x) {
@@ -93,6 +74,9 @@ inline float gelu_tanh_grad_poly(float x) {
 }
 template <class T>
 constexpr bool is_16bit = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+/// Storage whose contiguous GELU loops take the vectorized formula (Note [vectorized GELU]).
+template <class T>
+constexpr bool vector_gelu = is_16bit<T> || std::is_same_v<T, float>;
 
 /// out[i] = T(f(float(a[i]), float(b[i]))) over contiguous rows, in chunks: the 16-bit conversions (with
 /// their NaN / subnormal branches) run in their own loops, so the fp32 loop calling f has no control flow
@@ -120,8 +104,12 @@ void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shap
     for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
       const T* px = x + ox;
       T* py = y + o * inner;
-      if (ix == 1 && is_16bit<T> && U == math::Unary::gelu_tanh) {
-        map2_chunked(px, px, py, inner, [](float v, float) { return gelu_tanh_poly(v); });
+      if (ix == 1 && vector_gelu<T> && U == math::Unary::gelu_tanh) {
+        if constexpr (std::is_same_v<T, float>) {
+          for (std::int64_t i = 0; i < inner; ++i) py[i] = gelu_tanh_poly(px[i]);
+        } else {
+          map2_chunked(px, px, py, inner, [](float v, float) { return gelu_tanh_poly(v); });
+        }
       } else if (ix == 1) {
         for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i])));
       } else {
@@ -142,8 +130,12 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
       const T* ps = saved + os;
       const T* pg = dy + ody;
       T* pd = dx + o * inner;
-      if (is == 1 && idy == 1 && is_16bit<T> && U == math::Unary::gelu_tanh) {
-        map2_chunked(ps, pg, pd, inner, [](float v, float g) { return g * gelu_tanh_grad_poly(v); });
+      if (is == 1 && idy == 1 && vector_gelu<T> && U == math::Unary::gelu_tanh) {
+        if constexpr (std::is_same_v<T, float>) {
+          for (std::int64_t i = 0; i < inner; ++i) pd[i] = pg[i] * gelu_tanh_grad_poly(ps[i]);
+        } else {
+          map2_chunked(ps, pg, pd, inner, [](float v, float g) { return g * gelu_tanh_grad_poly(v); });
+        }
         return;
       }
       for (std::int64_t i = 0; i < inner; ++i) {

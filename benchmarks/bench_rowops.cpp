@@ -1,0 +1,113 @@
+// The exponential-heavy row kernels of a GPT-2 training step on the CPU, at its B=4, T=64 shapes: the
+// cross-entropy over the 50257-token vocabulary (forward: logsumexp per row; backward: the softmax minus the
+// one-hot), GELU (tanh form) forward and backward over the MLP's 256 x 3072 activations, and a softmax /
+// log_softmax over the same logits. Each reports elements per second; fp32 and bf16 storage.
+//   bench_rowops                                  # all
+//   bench_rowops --benchmark_filter=CrossEntropy  # one kernel
+// OMP_NUM_THREADS sets the team (the kernels split rows over it), as in a training step.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <typegrad/detail/cpu/kernels.hpp>
+
+namespace {
+
+constexpr std::int64_t kTokens = 256;  // B=4 x T=64
+constexpr std::int64_t kVocab = 50257;
+constexpr std::int64_t kHidden = 3072;  // 4 x 768
+
+template <class T>
+std::vector<T> random_values(std::int64_t n, float stddev, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (T& x : v) x = tg::scalar_cast<T>(dist(gen));
+  return v;
+}
+
+template <class T>
+void BM_CrossEntropyForward(benchmark::State& state) {
+  const auto logits = random_values<T>(kTokens * kVocab, 2.f, 1);
+  std::vector<std::int64_t> targets(kTokens);
+  for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
+  std::vector<tg::accum_t<T>> lse(kTokens);
+  std::int64_t count = 0;
+  for (auto _ : state)
+    benchmark::DoNotOptimize(tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(),
+                                                                        kTokens, kVocab, -100, &count));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kVocab);
+}
+
+template <class T>
+void BM_CrossEntropyBackward(benchmark::State& state) {
+  const auto logits = random_values<T>(kTokens * kVocab, 2.f, 1);
+  std::vector<std::int64_t> targets(kTokens);
+  for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
+  std::vector<tg::accum_t<T>> lse(kTokens);
+  std::int64_t count = 0;
+  tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), kTokens, kVocab, -100, &count);
+  std::vector<T> dlogits(logits.size());
+  for (auto _ : state) {
+    tg::backend::cpu::cross_entropy_backward<T>(logits.data(), targets.data(), lse.data(), 1.0 / kTokens,
+                                                dlogits.data(), kTokens, kVocab, -100);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kVocab);
+}
+
+template <class T>
+void BM_SoftmaxForward(benchmark::State& state) {
+  const bool log = state.range(0) != 0;
+  const auto x = random_values<T>(kTokens * kVocab, 2.f, 2);
+  std::vector<T> y(x.size());
+  for (auto _ : state) {
+    tg::backend::cpu::softmax_forward<T>(x.data(), y.data(), kTokens, kVocab, log);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kVocab);
+}
+
+template <class T>
+void BM_GeluForward(benchmark::State& state) {
+  const auto x = random_values<T>(kTokens * kHidden, 1.f, 3);
+  std::vector<T> y(x.size());
+  const tg::Shape shape{kTokens, kHidden}, strides{kHidden, 1};
+  for (auto _ : state) {
+    tg::backend::cpu::unary_forward<T>(tg::math::Unary::gelu_tanh, x.data(), strides, y.data(), shape);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kHidden);
+}
+
+template <class T>
+void BM_GeluBackward(benchmark::State& state) {
+  const auto x = random_values<T>(kTokens * kHidden, 1.f, 3);
+  const auto dy = random_values<T>(kTokens * kHidden, 1.f, 4);
+  std::vector<T> dx(x.size());
+  const tg::Shape shape{kTokens, kHidden}, strides{kHidden, 1};
+  for (auto _ : state) {
+    tg::backend::cpu::unary_backward<T>(tg::math::Unary::gelu_tanh, x.data(), strides, dy.data(), strides, dx.data(),
+                                        shape);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kHidden);
+}
+
+BENCHMARK_TEMPLATE(BM_CrossEntropyForward, tg::fp32)->Name("rowops/fp32/cross_entropy_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_CrossEntropyForward, tg::bf16)->Name("rowops/bf16/cross_entropy_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_CrossEntropyBackward, tg::fp32)->Name("rowops/fp32/cross_entropy_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_CrossEntropyBackward, tg::bf16)->Name("rowops/bf16/cross_entropy_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_SoftmaxForward, tg::fp32)->Name("rowops/fp32/softmax")->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_SoftmaxForward, tg::fp32)->Name("rowops/fp32/log_softmax")->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_SoftmaxForward, tg::bf16)->Name("rowops/bf16/softmax")->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeluForward, tg::fp32)->Name("rowops/fp32/gelu_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeluForward, tg::bf16)->Name("rowops/bf16/gelu_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeluBackward, tg::fp32)->Name("rowops/fp32/gelu_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeluBackward, tg::bf16)->Name("rowops/bf16/gelu_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
