@@ -5,7 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
-// Note [vectorized GELU]: GCC if-converts the clamps and vectorizes floorf only when FP
+// Note [vectorized unary ops]: GCC if-converts the clamps and vectorizes floorf only when FP
 // operations may be assumed not to trap. The kernels here never read the FP exception flags, so this
 // changes no result (unlike -ffast-math, which this file does not use).
 #pragma GCC optimize("no-trapping-math")
@@ -57,26 +57,56 @@ void dispatch(math::Unary op, F f) {
   }
 }
 
-// Note [vectorized GELU]
-// math::gelu_tanh calls std::exp through a branch, so loops over it stay scalar (one libm call per element).
-// The contiguous GELU loops of fp32, bf16 and fp16 storage instead compute gelu_tanh(x) = x·sigmoid(2u),
-// u = √(2/π)(x + 0.044715x³), with sigmoid(z) = 1 / (1 + e^-z) and e^x from vec::exp_f32 (Note [vectorizable
-// exp]: within 2 ulp, saturating to 0 and inf like expf), which the compiler vectorizes. For 16-bit
-// storage the result rounded to 16 bits equals the scalar path's except, rarely, by one unit in the last
-// place at a rounding boundary; in fp32 it differs from the tanh formula by a few ulp (fp32 took this path
-// on 2026-12-04; before, only 16-bit storage did). fp64 keeps the scalar formulas.
-inline float sigmoid_poly(float z) { return 1.f / (1.f + vec::exp_f32(-z)); }
+// Note [vectorized unary ops]
+// math::apply and math::grad call std::exp (behind a branch in sigmoid), so loops over them stay scalar: one
+// libm call per element. For fp32, bf16 and fp16 storage the contiguous loops of exp, sigmoid, silu and
+// gelu_tanh (forward; silu and gelu_tanh backward, the others' gradients need no exp) instead use
+// vec::exp_f32 (Note [vectorizable exp]: within 1.18 ulp, saturating to 0 and inf like expf) in the same
+// formulas, branch-free, which the compiler vectorizes: sigmoid(z) = 1/(1 + e^-z) for z >= 0 and
+// e^z/(1 + e^z) below (one exp of -|z| and a select, so no result underflows early), silu(x) = x·sigmoid(x),
+// gelu_tanh(x) = x·sigmoid(2u) with u = √(2/π)(x + 0.044715x³). For 16-bit storage the result rounded to 16
+// bits equals the scalar path's except, rarely, by one unit in the last place at a rounding boundary; in
+// fp32 the two differ by a few ulp. (fp32 took these paths on 2026-12-04; before, only the 16-bit GELU did.)
+// fp64 keeps the scalar formulas.
+inline float sigmoid_vec(float z) {
+  const float e = vec::exp_f32(z < 0.f ? z : -z);  // e^-|z|, in (0, 1]
+  const float r = 1.f / (1.f + e);
+  return z < 0.f ? e * r : r;
+}
 constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
-inline float gelu_tanh_poly(float x) { return x * sigmoid_poly(2.f * kGeluK * (x + kGeluC * x * x * x)); }
-inline float gelu_tanh_grad_poly(float x) {
-  const float s = sigmoid_poly(2.f * kGeluK * (x + kGeluC * x * x * x));
+inline float gelu_tanh_vec(float x) { return x * sigmoid_vec(2.f * kGeluK * (x + kGeluC * x * x * x)); }
+inline float gelu_tanh_grad_vec(float x) {
+  const float s = sigmoid_vec(2.f * kGeluK * (x + kGeluC * x * x * x));
   return s + x * s * (1.f - s) * 2.f * kGeluK * (1.f + 3.f * kGeluC * x * x);
 }
 template <class T>
 constexpr bool is_16bit = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
-/// Storage whose contiguous GELU loops take the vectorized formula (Note [vectorized GELU]).
+/// Storage whose contiguous loops take the vectorized formulas (Note [vectorized unary ops]).
 template <class T>
-constexpr bool vector_gelu = is_16bit<T> || std::is_same_v<T, float>;
+constexpr bool vector_storage = is_16bit<T> || std::is_same_v<T, float>;
+template <math::Unary U>
+constexpr bool vector_forward = U == math::Unary::exp || U == math::Unary::sigmoid || U == math::Unary::silu ||
+                                U == math::Unary::gelu_tanh;
+template <math::Unary U>
+constexpr bool vector_backward = U == math::Unary::silu || U == math::Unary::gelu_tanh;
+/// f(x) for the vector_forward ops.
+template <math::Unary U>
+inline float apply_vec(float x) {
+  if constexpr (U == math::Unary::exp) return vec::exp_f32(x);
+  else if constexpr (U == math::Unary::sigmoid) return sigmoid_vec(x);
+  else if constexpr (U == math::Unary::silu) return x * sigmoid_vec(x);
+  else return gelu_tanh_vec(x);
+}
+/// f'(x) for the vector_backward ops (both save x).
+template <math::Unary U>
+inline float grad_vec(float x) {
+  if constexpr (U == math::Unary::silu) {
+    const float s = sigmoid_vec(x);
+    return s * (1.f + x * (1.f - s));
+  } else {
+    return gelu_tanh_grad_vec(x);
+  }
+}
 
 /// out[i] = T(f(float(a[i]), float(b[i]))) over contiguous rows, in chunks: the 16-bit conversions (with
 /// their NaN / subnormal branches) run in their own loops, so the fp32 loop calling f has no control flow
@@ -104,13 +134,17 @@ void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shap
     for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
       const T* px = x + ox;
       T* py = y + o * inner;
-      if (ix == 1 && vector_gelu<T> && U == math::Unary::gelu_tanh) {
-        if constexpr (std::is_same_v<T, float>) {
-          for (std::int64_t i = 0; i < inner; ++i) py[i] = gelu_tanh_poly(px[i]);
-        } else {
-          map2_chunked(px, px, py, inner, [](float v, float) { return gelu_tanh_poly(v); });
+      if constexpr (vector_storage<T> && vector_forward<U>) {
+        if (ix == 1) {
+          if constexpr (std::is_same_v<T, float>) {
+            for (std::int64_t i = 0; i < inner; ++i) py[i] = apply_vec<U>(px[i]);
+          } else {
+            map2_chunked(px, px, py, inner, [=](float v, float) { return apply_vec<U>(v); });
+          }
+          return;
         }
-      } else if (ix == 1) {
+      }
+      if (ix == 1) {
         for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i])));
       } else {
         for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i * ix])));
@@ -130,13 +164,15 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
       const T* ps = saved + os;
       const T* pg = dy + ody;
       T* pd = dx + o * inner;
-      if (is == 1 && idy == 1 && vector_gelu<T> && U == math::Unary::gelu_tanh) {
-        if constexpr (std::is_same_v<T, float>) {
-          for (std::int64_t i = 0; i < inner; ++i) pd[i] = pg[i] * gelu_tanh_grad_poly(ps[i]);
-        } else {
-          map2_chunked(ps, pg, pd, inner, [](float v, float g) { return g * gelu_tanh_grad_poly(v); });
+      if constexpr (vector_storage<T> && vector_backward<U>) {
+        if (is == 1 && idy == 1) {
+          if constexpr (std::is_same_v<T, float>) {
+            for (std::int64_t i = 0; i < inner; ++i) pd[i] = pg[i] * grad_vec<U>(ps[i]);
+          } else {
+            map2_chunked(ps, pg, pd, inner, [=](float v, float g) { return g * grad_vec<U>(v); });
+          }
+          return;
         }
-        return;
       }
       for (std::int64_t i = 0; i < inner; ++i) {
         const A s = scalar_cast<A>(ps[i * is]);

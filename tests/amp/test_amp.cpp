@@ -560,7 +560,7 @@ TEST(AmpKernels, ConvertMatchesTheScalarReference) {
 
 template <class T>
 void check_gelu_16bit() {
-  // Note [vectorized GELU]: within one unit in the last place of T of the fp64 formula.
+  // Note [vectorized unary ops]: within one unit in the last place of T of the fp64 formula.
   const std::int64_t n = 20001;
   std::vector<double> xs(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) xs[static_cast<std::size_t>(i)] = -12.0 + 24.0 * static_cast<double>(i) / (n - 1);
