@@ -1,5 +1,6 @@
 // Elementwise kernels: 16-bit storage is widened to fp32 in registers and rounded once on store.
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/row_pieces.hpp"
 
 namespace tg::backend::cpu {
 
@@ -16,8 +17,7 @@ void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shap
   const int rank = out_shape.size();
   const std::int64_t inner = rank ? out_shape[rank - 1] : 1, outer = n / inner;
   const std::int64_t ia = rank ? sa[rank - 1] : 0, ib = rank ? sb[rank - 1] : 0;
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-  for (std::int64_t o = 0; o < outer; ++o) {
+  for_row_pieces(outer, inner, 1 << 15, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
     std::int64_t rem = o, ao = 0, bo = 0;
     for (int d = rank - 2; d >= 0; --d) {
       const std::int64_t idx = rem % out_shape[d];
@@ -30,16 +30,16 @@ void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shap
     T* po = out + o * inner;
     if (ia == 1 && ib == 1) {
       switch (op) {  // hoisted so the contiguous loops vectorize
-        case math::Binary::add: for (std::int64_t i = 0; i < inner; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) + scalar_cast<A>(pb[i])); break;
-        case math::Binary::sub: for (std::int64_t i = 0; i < inner; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) - scalar_cast<A>(pb[i])); break;
-        case math::Binary::mul: for (std::int64_t i = 0; i < inner; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) * scalar_cast<A>(pb[i])); break;
-        case math::Binary::div: for (std::int64_t i = 0; i < inner; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) / scalar_cast<A>(pb[i])); break;
+        case math::Binary::add: for (std::int64_t i = i0; i < i1; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) + scalar_cast<A>(pb[i])); break;
+        case math::Binary::sub: for (std::int64_t i = i0; i < i1; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) - scalar_cast<A>(pb[i])); break;
+        case math::Binary::mul: for (std::int64_t i = i0; i < i1; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) * scalar_cast<A>(pb[i])); break;
+        case math::Binary::div: for (std::int64_t i = i0; i < i1; ++i) po[i] = scalar_cast<T>(scalar_cast<A>(pa[i]) / scalar_cast<A>(pb[i])); break;
       }
     } else {
-      for (std::int64_t i = 0; i < inner; ++i)
+      for (std::int64_t i = i0; i < i1; ++i)
         po[i] = scalar_cast<T>(math::apply<A>(op, scalar_cast<A>(pa[i * ia]), scalar_cast<A>(pb[i * ib])));
     }
-  }
+  });
 }
 
 #define TG_INSTANTIATE(T) \

@@ -6,6 +6,7 @@
 
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/row_pieces.hpp"
 
 namespace tg {
 Generator& default_generator() {
@@ -55,8 +56,9 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
   const int last = c.rank - 1;
   const std::int64_t inner = c.size[last], outer = n / inner;
   const std::int64_t sa = c.a[last], sb = c.b[last];
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-  for (std::int64_t o = 0; o < outer; ++o) {
+  // A contiguous copy coalesces to one row (a parameter's gradient converted to fp32, a weight copy):
+  // for_row_pieces cuts it so that every thread takes a share.
+  for_row_pieces(outer, inner, kParallelGrain, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
     std::int64_t rem = o, ao = 0, bo = 0;
     for (int d = last - 1; d >= 0; --d) {
       const std::int64_t idx = rem % c.size[d];
@@ -67,11 +69,11 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
     const S* s = src + ao;
     T* t = dst + bo;
     if (sa == 1 && sb == 1) {
-      for (std::int64_t i = 0; i < inner; ++i) t[i] = scalar_cast<T>(s[i]);
+      for (std::int64_t i = i0; i < i1; ++i) t[i] = scalar_cast<T>(s[i]);
     } else {
-      for (std::int64_t i = 0; i < inner; ++i) t[i * sb] = scalar_cast<T>(s[i * sa]);
+      for (std::int64_t i = i0; i < i1; ++i) t[i * sb] = scalar_cast<T>(s[i * sa]);
     }
-  }
+  });
 }
 
 template <class T>

@@ -266,6 +266,34 @@ TEST(TensorConversions, Fp64AndInt64) {
   EXPECT_TRUE(shares_storage(x.to<tg::cpu>(), x));
 }
 
+// A long contiguous tensor is one row to the copy and binary kernels; they cut it into pieces shared by the
+// threads (detail/cpu/row_pieces.hpp). Every element, at the pieces' edges too, must come out as one thread
+// computes it; with one, two and three threads (the pieces then fall on different boundaries).
+TEST(TensorConversions, LongContiguousRowsCutBetweenThreadsGiveEveryElement) {
+  const std::int64_t n = 3 * (1 << 14) + 77;  // not a multiple of the piece size
+  std::vector<double> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    a[static_cast<std::size_t>(i)] = static_cast<double>(i % 1000) * 0.25 - 100.0;
+    b[static_cast<std::size_t>(i)] = static_cast<double>((i * 7) % 997) + 0.5;
+  }
+  const auto xb = tg::Tensor<tg::bf16>::from_values({n}, a);
+  const F x = F::from_values({n}, a), y = F::from_values({n}, b);
+  const int threads_before = tg::backend::cpu::num_threads();
+  for (const int threads : {1, 2, 3}) {
+    tg::backend::cpu::set_num_threads(threads);
+    const F widened = xb.to<tg::fp32>();  // contiguous bf16 -> fp32: one row of n elements
+    const F sum = tg::add(x, y);
+    const auto narrowed = x.to<tg::bf16>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ASSERT_EQ(widened.at({i}), static_cast<float>(tg::bf16(static_cast<float>(a[k])))) << "threads " << threads << ", i " << i;
+      ASSERT_EQ(sum.at({i}), static_cast<float>(a[k]) + static_cast<float>(b[k])) << "threads " << threads << ", i " << i;
+      ASSERT_EQ(narrowed.at({i}).bits, tg::bf16(static_cast<float>(a[k])).bits) << "threads " << threads << ", i " << i;
+    }
+  }
+  tg::backend::cpu::set_num_threads(threads_before);
+}
+
 // ---- element access ---------------------------------------------------------------------------------------
 
 TEST(TensorElementAccess, AtSetItem) {
