@@ -145,8 +145,17 @@ const Shape kShapes[] = {{"qkv", 256, 2304, 768},      {"attn_proj", 256, 768, 7
 // Products of a linear layer:  fwd  Y = X W^T  (A = X [M,K] N, B = W [N,K] T)        -> [M,N]
 //                              dX   = dY W      (A = dY [M,N] N, B = W [N,K] N)       -> [M,K]
 //                              dW   = dY^T X    (A = dY [M,N] T, B = X [M,K] N)       -> [N,K]
-enum class Product { fwd, dX, dW };
-const char* product_name(Product p) { return p == Product::fwd ? "fwd" : p == Product::dX ? "dX" : "dW"; }
+// fwd_bias is fwd with the bias epilogue, as a training step runs the layers that have a bias (all but the
+// LM head); ours only, and not in compare_pytorch_gemm.py's table.
+enum class Product { fwd, dX, dW, fwd_bias };
+const char* product_name(Product p) {
+  switch (p) {
+    case Product::fwd: return "fwd";
+    case Product::dX: return "dX";
+    case Product::dW: return "dW";
+    default: return "fwd_bias";
+  }
+}
 
 /// Operand buffers, shared by all benchmarks (grown and filled once).
 template <class T>
@@ -174,13 +183,18 @@ void BM_gpt_gemm(benchmark::State& state, Shape s, Product p, Impl impl) {
   const T* W = buffer<T>(1, static_cast<std::size_t>(N * K));
   const T* dY = buffer<T>(2, static_cast<std::size_t>(M * N));
   T* out = buffer<T>(3, static_cast<std::size_t>(std::max({M * N, M * K, N * K})));
+  std::vector<float> bias(static_cast<std::size_t>(N));
+  for (i64 j = 0; j < N; ++j) bias[static_cast<std::size_t>(j)] = static_cast<float>(j % 7) * 0.125f - 0.375f;
+  tg::backend::cpu::GemmEpilogue epilogue;
+  if (p == Product::fwd_bias) epilogue.bias = bias.data();
   const auto call = [&](Trans ta, Trans tb, i64 m, i64 n, i64 k, const T* a, i64 lda, const T* b, i64 ldb, i64 ldc) {
-    if (impl == Impl::ours) tg::backend::cpu::gemm<T>(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, ldc);
+    if (impl == Impl::ours) tg::backend::cpu::gemm<T>(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, ldc, epilogue);
     else tg::backend::cpu::gemm_reference<T>(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, ldc);
   };
   for (auto _ : state) {
     switch (p) {
-      case Product::fwd: call(Trans::N, Trans::T, M, N, K, X, K, W, K, N); break;
+      case Product::fwd:
+      case Product::fwd_bias: call(Trans::N, Trans::T, M, N, K, X, K, W, K, N); break;
       case Product::dX: call(Trans::N, Trans::N, M, K, N, dY, N, W, K, K); break;
       case Product::dW: call(Trans::T, Trans::N, N, K, M, dY, N, X, K, K); break;
     }
@@ -244,6 +258,14 @@ void register_all() {
       benchmark::RegisterBenchmark(("gemm/eigen/fp32" + tail).c_str(), BM_gpt_gemm<float>, s, p, Impl::eigen)
           ->UseRealTime()->Unit(benchmark::kMillisecond);
     }
+  for (const Shape& s : kShapes) {
+    if (std::string(s.name) == "lm_head" || std::string(s.name) == "square1024") continue;  // no bias there
+    const std::string tail = std::string("/") + s.name + "/" + product_name(Product::fwd_bias);
+    benchmark::RegisterBenchmark(("gemm/ours/fp32" + tail).c_str(), BM_gpt_gemm<float>, s, Product::fwd_bias, Impl::ours)
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("gemm/ours/bf16" + tail).c_str(), BM_gpt_gemm<bf16>, s, Product::fwd_bias, Impl::ours)
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
   for (bool sc : {true, false}) {
     const std::string n = sc ? "attention_batched/scores_QKt/48x64x64x64" : "attention_batched/PV/48x64x64x64";
     benchmark::RegisterBenchmark(("gemm/ours/fp32/" + n).c_str(), BM_attention_batched<float>, sc)->UseRealTime();

@@ -95,7 +95,7 @@ def main():
     for name, M, N, K in SHAPES:
         ours_rounds, torch_rounds = {}, {}
         for _ in range(max(1, args.rounds)):
-            ctx, res = run_ours(args.bench_gemm, args.repetitions, args.threads, f"^gemm/(ours|eigen)/[^/]+/{name}/")
+            ctx, res = run_ours(args.bench_gemm, args.repetitions, args.threads, f"^gemm/(ours|eigen)/[^/]+/{name}/(fwd|dX|dW)/")
             for key, value in res.items():
                 ours_rounds.setdefault(key, []).append(value)
             per_shape_peaks.append((name, ctx.get(f"peak_fp32_GFLOPS_{args.threads}threads"),

@@ -150,7 +150,8 @@ inline E to_packed(const T& x) {
 //     acc[i][v] += a(i, k) * b(k, v*lanes .. v*lanes + lanes-1).
 // The accumulators are independent chains, so MR * NV >= (FMA latency) x (FMA ports) keeps the pipes full
 // (Zen 3: 4 cycles x 2 ports = 8 <= 12 for 6x16). Finishing: `direct` tiles (full MR x NR, fp32 destination,
-// no epilogue) are written straight from registers, C = alpha * acc + beta * C (beta == 0: C is not read);
+// no bf16 copy) are written straight from registers, C = alpha * acc + beta * C (+ bias in the last K block;
+// beta == 0: C is not read);
 // full tiles of a bf16 C likewise (micro_kernel_bf16_out, Note [direct bf16 write-back]); every other tile
 // is stored raw to `c` (leading dimension NR) for write_tile.
 // Note [B source prefetch]
@@ -238,7 +239,8 @@ template <class V, int MR, int NV, int AS = MR, bool kWalk = false>
 inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typename V::elem* a,
                                                          const typename V::elem* b, float* c, i64 ldc,
                                                          float alpha, float beta, bool direct,
-                                                         LineWalk* walk = nullptr, i64 quota = 0) {
+                                                         LineWalk* walk = nullptr, i64 quota = 0,
+                                                         const float* bias = nullptr) {
   constexpr int L = V::lanes, NR = NV * L;
   if (direct) {
 #pragma GCC unroll 32
@@ -250,7 +252,10 @@ inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typen
   typename V::acc acc[MR][NV];
   accumulate<V, MR, NV, AS, kWalk>(kgroups, a, b, acc, walk, quota);
   if (direct) {
-    const typename V::acc va = V::set1(alpha), vb = V::set1(beta);
+    const typename V::acc va = V::set1(alpha), vb = V::set1(beta), one = V::set1(1.f);
+    typename V::acc vbias[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) vbias[v] = bias ? V::loadc(bias + v * L) : V::zero();
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
@@ -258,6 +263,7 @@ inline __attribute__((always_inline)) void micro_kernel(i64 kgroups, const typen
         float* p = c + i * ldc + v * L;
         typename V::acc r = V::mul(acc[i][v], va);
         if (beta != 0.f) r = V::fmadd(vb, V::loadc(p), r);
+        if (bias) r = V::fmadd(one, vbias[v], r);  // + bias, one rounding, as write_tile adds it
         V::storec(p, r);
       }
   } else {
@@ -376,10 +382,14 @@ struct MicroKernels {
   static_assert(NR % V::lanes == 0, "MicroKernels: NR must be whole vectors");
   /// A full tile (direct) or the raw tile; with walk, also prefetches up to `quota` of its lines, spread over
   /// the K loop (Note [B source prefetch]).
+  /// A direct tile may add bias[0 .. NR) to every row (the fp32 bias epilogue of the last K block).
   static __attribute__((noinline)) void micro(i64 kg, const elem* a, const elem* b, float* c, i64 ldc, float alpha,
-                                              float beta, bool direct, LineWalk* walk = nullptr, i64 quota = 0) {
-    if (walk && quota > 0) micro_kernel<V, MR, kNV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota);
-    else micro_kernel<V, MR, kNV>(kg, a, b, c, ldc, alpha, beta, direct);
+                                              float beta, bool direct, LineWalk* walk = nullptr, i64 quota = 0,
+                                              const float* bias = nullptr) {
+    if (walk && quota > 0)
+      micro_kernel<V, MR, kNV, MR, true>(kg, a, b, c, ldc, alpha, beta, direct, walk, quota, bias);
+    else
+      micro_kernel<V, MR, kNV>(kg, a, b, c, ldc, alpha, beta, direct, nullptr, 0, bias);
   }
   /// The last A panel of a block, `rows` < MR rows of it (Note [short A panels]): raw tile, leading dimension NR.
   static __attribute__((noinline)) void micro_short(int rows, i64 kg, const elem* a, const elem* b, float* tile) {
@@ -911,7 +921,6 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
         for (i64 kb = 0; kb < nkb; ++kb) {
           const i64 k0 = kb * kc_nom, kc = imin(kc_nom, K - k0), kcp = round_up(kc, KP);
           const bool first = kb == 0, last = kb == nkb - 1;
-          const bool ep = last && (bias || o16);
           const float beta_k = first ? g.beta : 1.f;
           if (tm > 1) {  // B panels packed by one thread are used by others
             pack_b<Kr>(g, jc, nc, k0, kc, t * pn / nt, (t + 1) * pn / nt, 0, bbuf);
@@ -949,8 +958,8 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
                 std::uint16_t* o16_ij = (last && o16) ? o16 + i * g.ep.ldo + j : nullptr;
                 TC* cij = C + i * g.ldc + j;
                 if constexpr (c_is_f32) {
-                  if (full && !ep) {
-                    Kr::micro(kcp / KP, ap, bp, cij, g.ldc, g.alpha, beta_k, true, &walk, quota);
+                  if (full && !o16_ij) {  // straight from the registers, with the bias when this is the last K block
+                    Kr::micro(kcp / KP, ap, bp, cij, g.ldc, g.alpha, beta_k, true, &walk, quota, bias_j);
                   } else {
                     walk_lines(walk, quota);
                     Kr::micro_short(static_cast<int>(mr), kcp / KP, ap, bp, tile);
