@@ -28,30 +28,36 @@ std::vector<T> random_values(std::int64_t n, float stddev, std::uint32_t seed) {
   return v;
 }
 
+/// Logits [kTokens, kVocab] with their targets, and the per-row logsumexp the forward writes.
+template <class T>
+struct CrossEntropyInputs {
+  std::vector<T> logits = random_values<T>(kTokens * kVocab, 2.f, 1);
+  std::vector<std::int64_t> targets = std::vector<std::int64_t>(kTokens);
+  std::vector<tg::accum_t<T>> lse = std::vector<tg::accum_t<T>>(kTokens);
+  std::int64_t count = 0;
+  CrossEntropyInputs() {
+    for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
+  }
+  double forward() {
+    return tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), kTokens, kVocab, -100,
+                                                      &count);
+  }
+};
+
 template <class T>
 void BM_CrossEntropyForward(benchmark::State& state) {
-  const auto logits = random_values<T>(kTokens * kVocab, 2.f, 1);
-  std::vector<std::int64_t> targets(kTokens);
-  for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
-  std::vector<tg::accum_t<T>> lse(kTokens);
-  std::int64_t count = 0;
-  for (auto _ : state)
-    benchmark::DoNotOptimize(tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(),
-                                                                        kTokens, kVocab, -100, &count));
+  CrossEntropyInputs<T> in;
+  for (auto _ : state) benchmark::DoNotOptimize(in.forward());
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kVocab);
 }
 
 template <class T>
 void BM_CrossEntropyBackward(benchmark::State& state) {
-  const auto logits = random_values<T>(kTokens * kVocab, 2.f, 1);
-  std::vector<std::int64_t> targets(kTokens);
-  for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
-  std::vector<tg::accum_t<T>> lse(kTokens);
-  std::int64_t count = 0;
-  tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), kTokens, kVocab, -100, &count);
-  std::vector<T> dlogits(logits.size());
+  CrossEntropyInputs<T> in;
+  in.forward();
+  std::vector<T> dlogits(in.logits.size());
   for (auto _ : state) {
-    tg::backend::cpu::cross_entropy_backward<T>(logits.data(), targets.data(), lse.data(), 1.0 / kTokens,
+    tg::backend::cpu::cross_entropy_backward<T>(in.logits.data(), in.targets.data(), in.lse.data(), 1.0 / kTokens,
                                                 dlogits.data(), kTokens, kVocab, -100);
     benchmark::ClobberMemory();
   }
