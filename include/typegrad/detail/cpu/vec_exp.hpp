@@ -1,6 +1,7 @@
 // e^x in fp32 without libm calls or branches, so that loops over it vectorize, and the row helpers built on
-// it (sum of exponentials, scaled exponentials) for the CPU backend's softmax, cross-entropy and GELU
-// kernels (backends/cpu/nn.cpp, unary.cpp). A private helper of the backend, not part of the API.
+// it (row max, sum of exponentials, scaled exponentials) for the CPU backend's softmax, cross-entropy,
+// attention and unary kernels (backends/cpu/nn.cpp, attention.cpp, unary.cpp). A private helper of the
+// backend, not part of the API.
 //
 // Note [vectorizable exp]
 // libm's expf is one call per element, which keeps every loop that uses it scalar: in a GPT-2 training step
@@ -8,13 +9,13 @@
 // of the step in __expf_fma alone (perf, 2026-12-04). exp_f32 computes e^x as 2^n · e^r: n = round(x·log2 e)
 // (the 1.5·2^23 trick, exact for |x·log2 e| < 2^22), r = x − n·ln 2 with ln 2 in two parts (Cody and
 // Waite; n·ln2_hi is exact for |n| <= 2^8), e^r by its degree-7 Taylor polynomial on |r| <= ln2/2 (the
-// truncation error, r^8/8! < 5.1e-9 relative, is below half an fp32 ulp), and 2^n as the product of two
+// truncation error, r^8/8! <= 5.2e-9 relative, is below half an fp32 ulp), and 2^n as the product of two
 // powers of two built in the exponent field, so that results in the subnormal range round once, as a
 // multiplication does. The argument is clamped to [-104, 89]: beyond those e^x rounds to 0 or overflows
 // to inf in fp32 anyway, and the clamped values give exactly that. NaN is returned as is. Against the
 // exact e^x (tests/cpu/test_vec_exp.cpp, every 97th fp32 value of the normal range): at most 1.18 ulp
-// (a correctly rounded exp is at most 0.5), and subnormal results within one subnormal step. The compiler must not reassociate (x + C) − C,
-// which holds without -ffast-math (the project never uses it).
+// (a correctly rounded exp is at most 0.5), and subnormal results within one subnormal step. The compiler
+// must not reassociate (x + C) − C, which holds without -ffast-math (the project never uses it).
 #pragma once
 
 #include <bit>
