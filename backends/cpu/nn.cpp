@@ -18,13 +18,16 @@ constexpr std::int64_t kColBlock = 64;          // columns per work item of a co
 
 template <class A, class T>
 A row_max(const T* x, std::int64_t n) {
-  if constexpr (std::is_same_v<A, float>) return vec::max_of(x, n);  // the same value, vectorized
-  A m = -std::numeric_limits<A>::infinity();
-  for (std::int64_t j = 0; j < n; ++j) {
-    const A v = scalar_cast<A>(x[j]);
-    m = v > m ? v : m;
+  if constexpr (std::is_same_v<A, float>) {
+    return vec::max_of(x, n);  // the same value, vectorized
+  } else {
+    A m = -std::numeric_limits<A>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A v = scalar_cast<A>(x[j]);
+      m = v > m ? v : m;
+    }
+    return m;
   }
-  return m;
 }
 }  // namespace
 

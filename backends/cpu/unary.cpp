@@ -12,6 +12,7 @@
 
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/row_pieces.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
 
 namespace tg::backend::cpu {
@@ -21,16 +22,17 @@ template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 constexpr std::int64_t kParallelGrain = 1 << 15;
 
-/// Calls f(row, off0, off1) for every row (last dim) of `shape`; off0 / off1 are the element offsets of
-/// the row's first element in two operands with strides s0 / s1. Rows are split across threads.
+/// Calls f(first, off0, off1, len) for every piece of a row (last dim) of `shape`: `len` elements starting at
+/// row-major element `first` of the (contiguous) output, whose offsets in two operands with strides s0 / s1
+/// are off0 / off1. Rows, or pieces of long rows, are split across threads (for_row_pieces).
 template <class F>
 void for_each_row(const Shape& shape, const Shape& s0, const Shape& s1, F f) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
   const int rank = shape.size();
   const std::int64_t inner = rank ? shape[rank - 1] : 1, outer = n / inner;
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-  for (std::int64_t o = 0; o < outer; ++o) {
+  const std::int64_t l0 = rank ? s0[rank - 1] : 0, l1 = rank ? s1[rank - 1] : 0;
+  for_row_pieces(outer, inner, kParallelGrain, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
     std::int64_t rem = o, a = 0, b = 0;
     for (int d = rank - 2; d >= 0; --d) {
       const std::int64_t idx = rem % shape[d];
@@ -38,10 +40,9 @@ void for_each_row(const Shape& shape, const Shape& s0, const Shape& s1, F f) {
       a += idx * s0[d];
       b += idx * s1[d];
     }
-    f(o, a, b);
-  }
+    f(o * inner + i0, a + i0 * l0, b + i0 * l1, i1 - i0);
+  });
 }
-inline std::int64_t row_len(const Shape& shape) { return shape.size() ? shape[shape.size() - 1] : 1; }
 inline std::int64_t last_stride(const Shape& s) { return s.size() ? s[s.size() - 1] : 1; }
 
 /// Calls f(std::integral_constant<Unary, op>) so the kernels' inner loops see a compile-time op.
@@ -128,26 +129,26 @@ void map2_chunked(const T* a, const T* b, T* out, std::int64_t n, F f) {
 template <class T>
 void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
   using A = acc_t<T>;
-  const std::int64_t inner = row_len(shape), ix = last_stride(sx);
+  const std::int64_t ix = last_stride(sx);
   dispatch(op, [&](auto u) {
     constexpr math::Unary U = decltype(u)::value;
-    for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
+    for_each_row(shape, sx, sx, [&](std::int64_t first, std::int64_t ox, std::int64_t, std::int64_t len) {
       const T* px = x + ox;
-      T* py = y + o * inner;
+      T* py = y + first;
       if constexpr (vector_storage<T> && vector_forward<U>) {
         if (ix == 1) {
           if constexpr (std::is_same_v<T, float>) {
-            for (std::int64_t i = 0; i < inner; ++i) py[i] = apply_vec<U>(px[i]);
+            for (std::int64_t i = 0; i < len; ++i) py[i] = apply_vec<U>(px[i]);
           } else {
-            map2_chunked(px, px, py, inner, [=](float v, float) { return apply_vec<U>(v); });
+            map2_chunked(px, px, py, len, [=](float v, float) { return apply_vec<U>(v); });
           }
           return;
         }
       }
       if (ix == 1) {
-        for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i])));
+        for (std::int64_t i = 0; i < len; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i])));
       } else {
-        for (std::int64_t i = 0; i < inner; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i * ix])));
+        for (std::int64_t i = 0; i < len; ++i) py[i] = scalar_cast<T>(math::apply<A>(U, scalar_cast<A>(px[i * ix])));
       }
     });
   });
@@ -157,24 +158,24 @@ template <class T>
 void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy, const Shape& sdy, T* dx,
                     const Shape& shape) {
   using A = acc_t<T>;
-  const std::int64_t inner = row_len(shape), is = last_stride(ss), idy = last_stride(sdy);
+  const std::int64_t is = last_stride(ss), idy = last_stride(sdy);
   dispatch(op, [&](auto u) {
     constexpr math::Unary U = decltype(u)::value;
-    for_each_row(shape, ss, sdy, [&](std::int64_t o, std::int64_t os, std::int64_t ody) {
+    for_each_row(shape, ss, sdy, [&](std::int64_t first, std::int64_t os, std::int64_t ody, std::int64_t len) {
       const T* ps = saved + os;
       const T* pg = dy + ody;
-      T* pd = dx + o * inner;
+      T* pd = dx + first;
       if constexpr (vector_storage<T> && vector_backward<U>) {
         if (is == 1 && idy == 1) {
           if constexpr (std::is_same_v<T, float>) {
-            for (std::int64_t i = 0; i < inner; ++i) pd[i] = pg[i] * grad_vec<U>(ps[i]);
+            for (std::int64_t i = 0; i < len; ++i) pd[i] = pg[i] * grad_vec<U>(ps[i]);
           } else {
-            map2_chunked(ps, pg, pd, inner, [=](float v, float g) { return g * grad_vec<U>(v); });
+            map2_chunked(ps, pg, pd, len, [=](float v, float g) { return g * grad_vec<U>(v); });
           }
           return;
         }
       }
-      for (std::int64_t i = 0; i < inner; ++i) {
+      for (std::int64_t i = 0; i < len; ++i) {
         const A s = scalar_cast<A>(ps[i * is]);
         // the saved value goes in the slot math::grad reads (x or y); the other slot is unused
         const A d = math::uses_output(U) ? math::grad<A>(U, A(0), s) : math::grad<A>(U, s, A(0));
@@ -188,14 +189,14 @@ template <class T>
 void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed, std::uint64_t offset,
                      double p) {
   using A = acc_t<T>;
-  const std::int64_t inner = row_len(shape), ix = last_stride(sx);
+  const std::int64_t ix = last_stride(sx);
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
-  for_each_row(shape, sx, sx, [&](std::int64_t o, std::int64_t ox, std::int64_t) {
+  for_each_row(shape, sx, sx, [&](std::int64_t first, std::int64_t ox, std::int64_t, std::int64_t len) {
     const T* px = x + ox;
-    T* py = y + o * inner;
-    for (std::int64_t i = 0; i < inner; ++i) {
-      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(o * inner + i));
+    T* py = y + first;
+    for (std::int64_t i = 0; i < len; ++i) {
+      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(first + i));
       const bool keep = math::dropout_keep(detail::uniform_from_bits(w[0]), pf);
       py[i] = scalar_cast<T>(keep ? scalar_cast<A>(px[i * ix]) * scale : A(0));
     }
@@ -205,12 +206,12 @@ void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std:
 template <class T>
 void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Shape& sm, T value, T* y,
                  const Shape& shape) {
-  const std::int64_t inner = row_len(shape), ix = last_stride(sx), im = last_stride(sm);
-  for_each_row(shape, sx, sm, [&](std::int64_t o, std::int64_t ox, std::int64_t om) {
+  const std::int64_t ix = last_stride(sx), im = last_stride(sm);
+  for_each_row(shape, sx, sm, [&](std::int64_t first, std::int64_t ox, std::int64_t om, std::int64_t len) {
     const T* px = x + ox;
     const std::uint8_t* pm = mask + om;
-    T* py = y + o * inner;
-    for (std::int64_t i = 0; i < inner; ++i) py[i] = pm[i * im] ? value : px[i * ix];
+    T* py = y + first;
+    for (std::int64_t i = 0; i < len; ++i) py[i] = pm[i * im] ? value : px[i * ix];
   });
 }
 

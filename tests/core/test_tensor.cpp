@@ -266,9 +266,10 @@ TEST(TensorConversions, Fp64AndInt64) {
   EXPECT_TRUE(shares_storage(x.to<tg::cpu>(), x));
 }
 
-// A long contiguous tensor is one row to the copy and binary kernels; they cut it into pieces shared by the
-// threads (detail/cpu/row_pieces.hpp). Every element, at the pieces' edges too, must come out as one thread
-// computes it; with one, two and three threads (the pieces then fall on different boundaries).
+// A long contiguous tensor is one row to the copy, binary and unary kernels; they cut it into pieces shared
+// by the threads (detail/cpu/row_pieces.hpp). Every element, at the pieces' edges too, must come out as one
+// thread computes it; with one, two and three threads (the pieces then fall on different boundaries), and
+// dropout's mask must not depend on the split.
 TEST(TensorConversions, LongContiguousRowsCutBetweenThreadsGiveEveryElement) {
   const std::int64_t n = 3 * (1 << 14) + 77;  // not a multiple of the piece size
   std::vector<double> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
@@ -277,18 +278,38 @@ TEST(TensorConversions, LongContiguousRowsCutBetweenThreadsGiveEveryElement) {
     b[static_cast<std::size_t>(i)] = static_cast<double>((i * 7) % 997) + 0.5;
   }
   const auto xb = tg::Tensor<tg::bf16>::from_values({n}, a);
-  const F x = F::from_values({n}, a), y = F::from_values({n}, b);
+  std::vector<double> small(a.size());
+  for (std::size_t k = 0; k < a.size(); ++k) small[k] = a[k] * 0.01;
+  const F x = F::from_values({n}, a), y = F::from_values({n}, b), xs = F::from_values({n}, small);
   const int threads_before = tg::backend::cpu::num_threads();
+  std::vector<float> exp_one_thread, dropped_one_thread;
   for (const int threads : {1, 2, 3}) {
     tg::backend::cpu::set_num_threads(threads);
     const F widened = xb.to<tg::fp32>();  // contiguous bf16 -> fp32: one row of n elements
     const F sum = tg::add(x, y);
     const auto narrowed = x.to<tg::bf16>();
+    const F scaled = tg::exp(xs);
+    tg::Generator gen(99), gen_rows(99);
+    const F dropped = tg::dropout(y, 0.5, gen);
+    // The same draw over [n, 1]: n rows of one element, never cut, index i is row i.
+    const F dropped_rows = tg::dropout(y.reshape({n, 1}), 0.5, gen_rows).reshape({n});
+    EXPECT_EQ(dropped.to_vector(), dropped_rows.to_vector()) << "threads " << threads;
     for (std::int64_t i = 0; i < n; ++i) {
       const auto k = static_cast<std::size_t>(i);
       ASSERT_EQ(widened.at({i}), static_cast<float>(tg::bf16(static_cast<float>(a[k])))) << "threads " << threads << ", i " << i;
       ASSERT_EQ(sum.at({i}), static_cast<float>(a[k]) + static_cast<float>(b[k])) << "threads " << threads << ", i " << i;
       ASSERT_EQ(narrowed.at({i}).bits, tg::bf16(static_cast<float>(a[k])).bits) << "threads " << threads << ", i " << i;
+      const double e = std::exp(static_cast<double>(xs.at({i})));
+      ASSERT_NEAR(scaled.at({i}), e, 3e-7 * e) << "threads " << threads << ", i " << i;
+      const float d = dropped.at({i});
+      ASSERT_TRUE(d == 0.f || d == 2.f * static_cast<float>(b[k])) << "threads " << threads << ", i " << i;
+    }
+    if (threads == 1) {
+      exp_one_thread = scaled.to_vector();
+      dropped_one_thread = dropped.to_vector();
+    } else {
+      EXPECT_EQ(scaled.to_vector(), exp_one_thread) << "threads " << threads;
+      EXPECT_EQ(dropped.to_vector(), dropped_one_thread) << "threads " << threads;
     }
   }
   tg::backend::cpu::set_num_threads(threads_before);

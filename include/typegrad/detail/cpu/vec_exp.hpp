@@ -20,6 +20,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <limits>
 
 #include "typegrad/detail/cpu/kernels.hpp"
 
@@ -56,7 +57,7 @@ inline constexpr int kSumLanes = 16;
 /// skips them: kSumLanes running maxima, so the loop vectorizes (one scalar chain of compares would not).
 template <class T>
 float max_of(const T* x, std::int64_t n) {
-  constexpr float kNegInf = -__builtin_inff();
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   alignas(64) float buf[kExpChunk];
   float lanes[kSumLanes];
   for (float& l : lanes) l = kNegInf;
