@@ -5,11 +5,6 @@
 #include <cstring>
 #include <type_traits>
 
-// Note [vectorized unary ops]: GCC if-converts some floating-point selects (the exp's clamps, sigmoid's
-// branch-free form) only when FP operations may be assumed not to trap. The kernels here never read the FP
-// exception flags, so this changes no result (unlike -ffast-math, which this file does not use).
-#pragma GCC optimize("no-trapping-math")
-
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/row_pieces.hpp"
