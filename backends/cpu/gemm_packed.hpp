@@ -826,6 +826,8 @@ inline bool team_ok(bool my_ok, bool& failed) {
 // block, where the epilogue (bias, bf16 copy) is applied too.
 // C is `C` (element type TC, leading dimension g.ldc), not g.C: the K split (run, below) has each thread
 // compute an fp32 partial product of 16-bit operands.
+/// The smallest KC that Note [one A block for few rows] lowers the blocking to.
+inline constexpr i64 kMinOneBlockKc = 256;
 template <class Kr, class T, class TC>
 void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   using E = typename Kr::elem;
@@ -839,14 +841,11 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   // stays in L1 while the A panels stream past it) or of L2 (true: cores whose L2 streams a panel to the FMA
   // units as fast as L1 would; fewer K blocks then mean fewer passes over C and less per-block packing
   // overhead). MC: the packed A block (MC x KC) takes Kr::kMcEighths / 8 of L2. NC: Kr::NC (the shared B
-  // block lives in L3). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps the derived value). All three
-  // are then evened out over their dimension.
+  // block lives in L3). Except for few rows: KC is then lowered so that all of A's rows make one A block
+  // (Note [one A block for few rows]). TG_GEMM_BLOCKING=kc,mc,nc replaces
+  // any of them (0 keeps the derived value; a given kc or mc also turns that exception off). All three are
+  // then evened out over their dimension.
   const GemmBlocking& bk = g.blocking;
-  const i64 kc_cache = Kr::kKcFromL2 ? bk.l2 : bk.l1d;
-  const i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
-                               : imax(16, kc_cache * Kr::kKcEighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
-  const i64 nkb = ceil_div(K, kc_cap);
-  const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
   const i64 nc_cap = bk.nc > 0 ? round_up(bk.nc, NR) : Kr::NC;
   const i64 nnb = ceil_div(N, nc_cap);
   const i64 nc_nom = round_up(ceil_div(N, nnb), NR);
@@ -877,6 +876,31 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
       if (near_best(d)) return d;
     return nt;
   };
+
+  // Note [one A block for few rows]
+  // With one row part (the usual grid for few rows) every thread packs all of A's rows, and with the KC
+  // above a GPT-sized M (256 tokens) needs two A blocks per K block (fp32, K = 768: 256 x 768 x 4 bytes against 6/8 of a 1 MiB L2). Each B
+  // panel is then used by both blocks, so every thread keeps all its packed panels (megabytes, in L3: each
+  // packing store fetched its line from there) and reads them back for the second block. With KC lowered
+  // until one A block holds all of M's rows in 7/16 of L2 (fp32 at 264 rows: KC 434, so K = 768 is two
+  // blocks of 384), each panel is used by one block, right after its packing, in one slot that stays
+  // in L1 / L2 (the `one_b_slot` of run_into), and the A block, the panel and the next panel's source
+  // still fit in L2 together. Not below KC = 256 (more K blocks mean more passes over C). The rule looks at
+  // M alone, never at the thread count, so that each output's K order (and so its rounding) stays the same
+  // on any number of threads. A/B on a Zen 4
+  // VM (2 threads, 6 alternated rounds, GFLOP/s, the 15 GPT-2 products): fp32 median 188.9 -> 193.4 (12 of
+  // 15 faster, qkv fwd 188.2 -> 199.8), bf16 398.6 -> 412.1 (13 of 15); with forced blockings at K = 3072,
+  // KC 384 / 512 / 640 measured 194 / 188 / 185 (fp32) and 256 / 320 lost 5-10% against 384.
+  const i64 kc_cache = Kr::kKcFromL2 ? bk.l2 : bk.l1d;
+  i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
+                         : imax(16, kc_cache * Kr::kKcEighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
+  if (bk.kc <= 0 && bk.mc <= 0) {  // M only, not the thread grid: the K blocking fixes each output's K order
+    const i64 a_block_bytes = bk.l2 * imin(7, 2 * Kr::kMcEighths) / 16;
+    const i64 one_block_kc = a_block_bytes / (round_up(M, MR) * static_cast<i64>(sizeof(E))) / 16 * 16;
+    if (one_block_kc >= kMinOneBlockKc && one_block_kc < kc_cap) kc_cap = one_block_kc;
+  }
+  const i64 nkb = ceil_div(K, kc_cap);
+  const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
 
   const bool use_w = !c_is_f32 && nkb > 1;
   const i64 mch_nom = use_w ? imax(static_cast<i64>(MR) * (threads < 1 ? 1 : threads),
@@ -915,6 +939,10 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
       // This thread's rows in ceil(rows / MC) even blocks of whole MR panels.
       const i64 my_rows = imax(r1 - r0, 0);
       const i64 mc_nom = my_rows ? imin(mc_max, round_up(ceil_div(my_rows, ceil_div(my_rows, mc_max)), MR)) : MR;
+      // With one row part and one A block, a packed B panel is used by that block alone, right after it is
+      // packed: every panel then goes to the same slot, whose lines stay in L1 / L2, instead of a slot of
+      // its own in a buffer of all the thread's panels (megabytes, whose lines each store fetched from L3).
+      const bool one_b_slot = tm == 1 && my_rows <= mc_nom;
       for (i64 jc = 0; jc < N; jc += nc_nom) {
         const i64 nc = imin(nc_nom, N - jc), pn = ceil_div(nc, NR);
         const i64 q0 = ts * pn / tn, q1 = (ts + 1) * pn / tn;
@@ -934,8 +962,8 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
             pack_a<Kr>(g, ic, mc, k0, kc, abuf);
             for (i64 q = q0; q < q1; ++q) {
               const i64 j = jc + q * NR, nr = imin(NR, N - j);
-              if (pack_b_now) pack_b<Kr>(g, jc, nc, k0, kc, q, q + 1, q0, b_own);
-              const E* bp = tm == 1 ? b_own + (q - q0) * NR * kcp : bbuf + q * NR * kcp;
+              if (pack_b_now) pack_b<Kr>(g, jc, nc, k0, kc, q, q + 1, one_b_slot ? q : q0, b_own);
+              const E* bp = tm == 1 ? b_own + (one_b_slot ? 0 : q - q0) * NR * kcp : bbuf + q * NR * kcp;
               const float* bias_j = (last && bias) ? bias + j : nullptr;
               // What the kernel calls on this panel prefetch into L2: the next panel's source (lazy
               // packing) or the next packed panel (from L3).
