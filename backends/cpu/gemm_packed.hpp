@@ -15,7 +15,7 @@ namespace tg::backend::cpu::packed {
 struct GemmBlocking {
   std::int64_t l1d = 32 * 1024, l2 = 512 * 1024;
   std::int64_t kc = 0, mc = 0, nc = 0;
-  std::int64_t k_split_ratio = 8;
+  std::int64_t k_split_ratio = 4;
 };
 
 /// One GEMM call, as in Note [GEMM conventions] (gemm.hpp).
@@ -882,7 +882,7 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   // above a GPT-sized M (256 tokens) needs two A blocks per K block (fp32, K = 768: 256 x 768 x 4 bytes against 6/8 of a 1 MiB L2). Each B
   // panel is then used by both blocks, so every thread keeps all its packed panels (megabytes, in L3: each
   // packing store fetched its line from there) and reads them back for the second block. With KC lowered
-  // until one A block holds all of M's rows in 7/16 of L2 (fp32 at 264 rows: KC 434, so K = 768 is two
+  // until one A block holds all of M's rows in 7/16 of L2 (fp32 at 264 rows: KC 432, so K = 768 is two
   // blocks of 384), each panel is used by one block, right after its packing, in one slot that stays
   // in L1 / L2 (the `one_b_slot` of run_into), and the A block, the panel and the next panel's source
   // still fit in L2 together. Not below KC = 256 (more K blocks mean more passes over C). The rule looks at
@@ -1074,10 +1074,14 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
 // rounded once). Each operand is then read and packed once in all, at the price of M x N x threads fp32
 // partials (capped at kKSplitMaxPartialBytes per thread) and one pass over them. The summation order of
 // each output depends on the team size, like any change of the K blocking.
-// The split needs K >= 8 max(M, N) by default (TG_GEMM_KSPLIT_RATIO): it was 4, which also split the
-// K = 3072 products (fc_proj fwd, fc dX); once B's source was prefetched inside the kernel (Note [B source
-// prefetch]) the C split ran those faster (6 rounds, Zen 5: fc dX 76.4 -> 79.3% fp32, 78.1 -> 79.9% bf16;
-// fc_proj fwd 75.6 -> 76.8 / 76.2 -> 80.7), while the LM head's dX (ratio 65) still gains from the split.
+// The split needs K >= 4 max(M, N) by default (TG_GEMM_KSPLIT_RATIO), which takes the K = 3072 products
+// (fc_proj fwd, fc dX) and the LM head's dX (ratio 65). The ratio was 8 for a while: once B's source was
+// prefetched inside the kernel (Note [B source prefetch]) the C split ran the K = 3072 products faster
+// (6 rounds, Zen 5: fc dX 76.4 -> 79.3% fp32, 78.1 -> 79.9% bf16; fc_proj fwd 75.6 -> 76.8 / 76.2 -> 80.7).
+// With one A block per K block (Note [one A block for few rows]) the K split is ahead again, as it halves
+// each thread's A packing: 16 alternated rounds on a Zen 4 VM, GFLOP/s, ratio 8 / 4: fp32 fc dX 194.6 /
+// 196.4, fc_proj fwd 180.8 / 190.9; bf16 377.3 / 387.9 and 388.7 / 390.1 (two earlier 8-round A/Bs
+// likewise: 4 ahead on all four, by 0.4-7%).
 inline constexpr i64 kKSplitMaxPartialBytes = i64{8} << 20;
 inline constexpr int kKSplitMaxThreads = 64;
 inline bool k_split_pays(const GemmBlocking& bk, i64 M, i64 N, i64 K, int threads) {
