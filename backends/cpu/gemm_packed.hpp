@@ -842,9 +842,9 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   // units as fast as L1 would; fewer K blocks then mean fewer passes over C and less per-block packing
   // overhead). MC: the packed A block (MC x KC) takes Kr::kMcEighths / 8 of L2. NC: Kr::NC (the shared B
   // block lives in L3). Except for few rows: KC is then lowered so that all of A's rows make one A block
-  // (Note [one A block for few rows]). TG_GEMM_BLOCKING=kc,mc,nc replaces
-  // any of them (0 keeps the derived value; a given kc or mc also turns that exception off). All three are
-  // then evened out over their dimension.
+  // (Note [one A block for few rows]). TG_GEMM_BLOCKING=kc,mc,nc replaces any of them (0 keeps the derived
+  // value; a given kc or mc also turns that exception off). All three are then evened out over their
+  // dimension.
   const GemmBlocking& bk = g.blocking;
   const i64 nc_cap = bk.nc > 0 ? round_up(bk.nc, NR) : Kr::NC;
   const i64 nnb = ceil_div(N, nc_cap);
@@ -879,18 +879,18 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
 
   // Note [one A block for few rows]
   // With one row part (the usual grid for few rows) every thread packs all of A's rows, and with the KC
-  // above a GPT-sized M (256 tokens) needs two A blocks per K block (fp32, K = 768: 256 x 768 x 4 bytes against 6/8 of a 1 MiB L2). Each B
-  // panel is then used by both blocks, so every thread keeps all its packed panels (megabytes, in L3: each
-  // packing store fetched its line from there) and reads them back for the second block. With KC lowered
-  // until one A block holds all of M's rows in 7/16 of L2 (fp32 at 264 rows: KC 432, so K = 768 is two
-  // blocks of 384), each panel is used by one block, right after its packing, in one slot that stays
-  // in L1 / L2 (the `one_b_slot` of run_into), and the A block, the panel and the next panel's source
-  // still fit in L2 together. Not below KC = 256 (more K blocks mean more passes over C). The rule looks at
-  // M alone, never at the thread count, so that each output's K order (and so its rounding) stays the same
-  // on any number of threads. A/B on a Zen 4
-  // VM (2 threads, 6 alternated rounds, GFLOP/s, the 15 GPT-2 products): fp32 median 188.9 -> 193.4 (12 of
-  // 15 faster, qkv fwd 188.2 -> 199.8), bf16 398.6 -> 412.1 (13 of 15); with forced blockings at K = 3072,
-  // KC 384 / 512 / 640 measured 194 / 188 / 185 (fp32) and 256 / 320 lost 5-10% against 384.
+  // above a GPT-sized M (256 tokens) needs two A blocks per K block (fp32, K = 768: 256 x 768 x 4 bytes
+  // against 6/8 of a 1 MiB L2). Each B panel is then used by both blocks, so every thread keeps all its
+  // packed panels (megabytes, in L3: each packing store fetched its line from there) and reads them back
+  // for the second block. With KC lowered until one A block holds all of M's rows in 7/16 of L2 (fp32 at
+  // 264 rows: KC 432, so K = 768 is two blocks of 384), each panel is used by one block right after its
+  // packing, in one slot that stays in L1 / L2 (`one_b_slot` below), and the A block, the panel and the
+  // next panel's source fit in L2 together. Not below KC = 256 (more K blocks mean more passes over C).
+  // The rule looks at M alone, never at the thread count, so that each output's K order (and so its
+  // rounding) is the same on any number of threads. A/B on a Zen 4 VM (2 threads, 6 alternated rounds,
+  // GFLOP/s, the 15 GPT-2 products): fp32 median 188.9 -> 193.4 (12 of 15 faster, qkv fwd 188.2 -> 199.8),
+  // bf16 398.6 -> 412.1 (13 of 15); with forced blockings at K = 3072, KC 384 / 512 / 640 measured
+  // 194 / 188 / 185 (fp32), and KC 256 / 320 5-10% less than 384.
   const i64 kc_cache = Kr::kKcFromL2 ? bk.l2 : bk.l1d;
   i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
                          : imax(16, kc_cache * Kr::kKcEighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
