@@ -18,13 +18,7 @@ void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shap
   const std::int64_t inner = rank ? out_shape[rank - 1] : 1, outer = n / inner;
   const std::int64_t ia = rank ? sa[rank - 1] : 0, ib = rank ? sb[rank - 1] : 0;
   for_row_pieces(outer, inner, 1 << 15, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
-    std::int64_t rem = o, ao = 0, bo = 0;
-    for (int d = rank - 2; d >= 0; --d) {
-      const std::int64_t idx = rem % out_shape[d];
-      rem /= out_shape[d];
-      ao += idx * sa[d];
-      bo += idx * sb[d];
-    }
+    const auto [ao, bo] = row_offsets(o, rank - 1, out_shape, sa, sb);
     const T* pa = a + ao;
     const T* pb = b + bo;
     T* po = out + o * inner;

@@ -59,13 +59,7 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
   // A contiguous copy coalesces to one row (a parameter's gradient converted to fp32, a weight copy):
   // for_row_pieces cuts it so that every thread takes a share.
   for_row_pieces(outer, inner, kParallelGrain, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
-    std::int64_t rem = o, ao = 0, bo = 0;
-    for (int d = last - 1; d >= 0; --d) {
-      const std::int64_t idx = rem % c.size[d];
-      rem /= c.size[d];
-      ao += idx * c.a[d];
-      bo += idx * c.b[d];
-    }
+    const auto [ao, bo] = row_offsets(o, last, c.size, c.a, c.b);
     const S* s = src + ao;
     T* t = dst + bo;
     if (sa == 1 && sb == 1) {

@@ -28,13 +28,7 @@ void for_each_row(const Shape& shape, const Shape& s0, const Shape& s1, F f) {
   const std::int64_t inner = rank ? shape[rank - 1] : 1, outer = n / inner;
   const std::int64_t l0 = rank ? s0[rank - 1] : 0, l1 = rank ? s1[rank - 1] : 0;
   for_row_pieces(outer, inner, kParallelGrain, [&](std::int64_t o, std::int64_t i0, std::int64_t i1) {
-    std::int64_t rem = o, a = 0, b = 0;
-    for (int d = rank - 2; d >= 0; --d) {
-      const std::int64_t idx = rem % shape[d];
-      rem /= shape[d];
-      a += idx * s0[d];
-      b += idx * s1[d];
-    }
+    const auto [a, b] = row_offsets(o, rank - 1, shape, s0, s1);
     f(o * inner + i0, a + i0 * l0, b + i0 * l1, i1 - i0);
   });
 }
