@@ -12,16 +12,11 @@
 
 #include <typegrad/typegrad.hpp>
 
+#include "cuda/gpu_skip.hpp"
+
 namespace {
 
-class CudaPaddedGemm : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (tg::backend::cuda::device_count() == 0)
-      GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
-                   << "): the padded GEMM checks run only on a GPU machine (scripts/gpu-check.sh)";
-  }
-};
+class CudaPaddedGemm : public tg::testing::GpuTest {};
 
 template <class T, class D>
 std::vector<double> values(const tg::Tensor<T, D>& t) {

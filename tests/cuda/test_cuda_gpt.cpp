@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/functional_gpt.hpp"
+#include "cuda/gpu_skip.hpp"
 
 namespace {
 
@@ -73,9 +74,7 @@ TEST(TinyGptCpu, SgdAtTheTestLearningRateDampsPerturbations) {
 
 template <class T>
 void compare_devices(double atol, double rtol, Opt opt = Opt::sgd) {
-  if (tg::backend::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
-                 << "): the CPU-vs-CUDA training comparison runs only on a GPU machine (scripts/gpu-check.sh)";
+  TG_SKIP_WITHOUT_GPU();
   const std::vector<double> cpu = train_losses<T, tg::cpu>(opt), gpu = train_losses<T, tg::cuda>(opt);
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t i = 0; i < cpu.size(); ++i)

@@ -11,16 +11,11 @@
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "cuda/gpu_skip.hpp"
+
 namespace {
 
-class CudaLinearGelu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (tg::backend::cuda::device_count() == 0)
-      GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()
-                   << "): the GELU epilogue checks run only on a GPU machine (scripts/gpu-check.sh)";
-  }
-};
+class CudaLinearGelu : public tg::testing::GpuTest {};
 
 template <class T, class D>
 std::vector<double> values(const tg::Tensor<T, D>& t) {

@@ -19,6 +19,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "cuda/gpu_skip.hpp"
+
 namespace {
 
 std::vector<float> random_values(std::int64_t n, std::uint64_t seed, float lo, float hi) {
@@ -206,13 +208,7 @@ TEST(MultiTensorChunks, PrefixStartsAndOwnerOfNumberItemsAcrossTensors) {
   }
 }
 
-class CudaOptim : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (tg::backend::cuda::device_count() == 0)
-      GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description() << ")";
-  }
-};
+class CudaOptim : public tg::testing::GpuTest {};
 
 tg::Tensor<float, tg::cuda> on_gpu(const std::vector<float>& v) {
   return tg::Tensor<float>::from_vector({static_cast<std::int64_t>(v.size())}, v).to<tg::cuda>();

@@ -5,15 +5,11 @@
 
 #include <typegrad/typegrad.hpp>
 
+#include "cuda/gpu_skip.hpp"
+
 namespace {
 
-class CudaRuntime : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (tg::backend::cuda::device_count() == 0)
-      GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description() << ")";
-  }
-};
+class CudaRuntime : public tg::testing::GpuTest {};
 
 TEST_F(CudaRuntime, CopiesRoundTripEveryPrecision) {
   const auto host = tg::Tensor<float>::normal({7, 33});

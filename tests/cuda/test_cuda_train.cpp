@@ -17,12 +17,9 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
-namespace {
+#include "cuda/gpu_skip.hpp"
 
-#define TG_SKIP_WITHOUT_GPU()                                                                         \
-  if (tg::backend::cuda::device_count() == 0)                                                         \
-  GTEST_SKIP() << "no CUDA device (" << tg::backend::cuda::device_description()                      \
-               << "): the GPU GPT and trainer checks run only on a GPU machine (scripts/gpu-check.sh)"
+namespace {
 
 const tg::nn::GPTConfig kTiny{64, 16, 2, 2, 32, 0.f};
 
