@@ -1,5 +1,5 @@
-// How the CPU backend's elementwise loops share rows between OpenMP threads, and find a row's operands. A private helper of the
-// backend (backends/cpu), not part of the API.
+// How the CPU backend's elementwise loops share rows between OpenMP threads and find a row's operands.
+// A private helper of the backend (backends/cpu), not part of the API.
 #pragma once
 
 #include <algorithm>
