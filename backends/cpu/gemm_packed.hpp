@@ -885,7 +885,8 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   // for the second block. With KC lowered until one A block holds all of M's rows in 7/16 of L2 (fp32 at
   // 264 rows: KC 432, so K = 768 is two blocks of 384), each panel is used by one block right after its
   // packing, in one slot that stays in L1 / L2 (`one_b_slot` below), and the A block, the panel and the
-  // next panel's source fit in L2 together. Not below KC = 256 (more K blocks mean more passes over C).
+  // next panel's source fit in L2 together; MC is then all of M's rows. Kernels whose KC comes from L1
+  // (AVX2) keep their A block to kMcEighths of L2. Not below KC = 256 (more K blocks mean more passes over C).
   // The rule looks at M alone, never at the thread count, so that each output's K order (and so its
   // rounding) is the same on any number of threads. A/B on a Zen 4 VM (2 threads, 6 alternated rounds,
   // GFLOP/s, the 15 GPT-2 products): fp32 median 188.9 -> 193.4 (12 of 15 faster, qkv fwd 188.2 -> 199.8),
@@ -894,10 +895,14 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
   const i64 kc_cache = Kr::kKcFromL2 ? bk.l2 : bk.l1d;
   i64 kc_cap = bk.kc > 0 ? round_up(bk.kc, KP)
                          : imax(16, kc_cache * Kr::kKcEighths / 8 / (NR * static_cast<i64>(sizeof(E))) / 16 * 16);
+  i64 one_block_rows = 0;  // all of M's rows, when they make one A block
   if (bk.kc <= 0 && bk.mc <= 0) {  // M only, not the thread grid: the K blocking fixes each output's K order
-    const i64 a_block_bytes = bk.l2 * imin(7, 2 * Kr::kMcEighths) / 16;
+    const i64 a_block_bytes = Kr::kKcFromL2 ? bk.l2 * 7 / 16 : bk.l2 * Kr::kMcEighths / 8;
     const i64 one_block_kc = a_block_bytes / (round_up(M, MR) * static_cast<i64>(sizeof(E))) / 16 * 16;
-    if (one_block_kc >= kMinOneBlockKc && one_block_kc < kc_cap) kc_cap = one_block_kc;
+    if (one_block_kc >= kMinOneBlockKc) {
+      kc_cap = imin(kc_cap, one_block_kc);
+      one_block_rows = round_up(M, MR);
+    }
   }
   const i64 nkb = ceil_div(K, kc_cap);
   const i64 kc_nom = round_up(ceil_div(K, nkb), KP);
@@ -907,8 +912,9 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
                                    round_up((i64{1} << 20) / nc_nom, MR))
                             : M;
   const i64 kcp_nom = round_up(kc_nom, KP);
-  const i64 mc_max = bk.mc > 0 ? round_up(bk.mc, MR)
-                               : imax(MR, bk.l2 * Kr::kMcEighths / 8 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
+  const i64 mc_max = bk.mc > 0           ? round_up(bk.mc, MR)
+                     : one_block_rows > 0 ? one_block_rows
+                                          : imax(MR, bk.l2 * Kr::kMcEighths / 8 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));
