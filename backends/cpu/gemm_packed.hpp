@@ -912,9 +912,8 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
                                    round_up((i64{1} << 20) / nc_nom, MR))
                             : M;
   const i64 kcp_nom = round_up(kc_nom, KP);
-  const i64 mc_max = bk.mc > 0           ? round_up(bk.mc, MR)
-                     : one_block_rows > 0 ? one_block_rows
-                                          : imax(MR, bk.l2 * Kr::kMcEighths / 8 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
+  const i64 mc_from_l2 = imax(MR, bk.l2 * Kr::kMcEighths / 8 / (kcp_nom * static_cast<i64>(sizeof(E))) / MR * MR);
+  const i64 mc_max = bk.mc > 0 ? round_up(bk.mc, MR) : one_block_rows > 0 ? one_block_rows : mc_from_l2;
 
   // Sized for the shared block and for any private share (so thread 0 never regrows it inside the region).
   E* bbuf = static_cast<E*>(thread_buffer(kBufB).get(sizeof(E) * (pn_nom + 1) * NR * kcp_nom));
