@@ -2,11 +2,16 @@
 #include "typegrad/io/train_state.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <fstream>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -56,6 +61,7 @@ json record_to_json(const TrainStateRecord& r) {
   TG_CHECK(config.is_object(), "save_train_state: config_json must be a JSON object, got ", config.type_name());
   j["config"] = config;
   j["optimizer"] = r.optimizer;
+  j["run_id"] = r.run_id;
   return j;
 }
 
@@ -122,6 +128,14 @@ TrainStateRecord record_from_json(const json& j, const std::string& path) {
   const json& opt = f.at(j, "", "optimizer");
   if (!opt.is_string()) fail(path, "state field 'optimizer' must be a string");
   r.optimizer = opt.get<std::string>();
+  if (auto it = j.find("run_id"); it != j.end()) {  // absent in files written before run ids
+    if (!it->is_string() || it->get<std::string>().size() > 64)
+      fail(path, "state field 'run_id' must be a string of at most 64 characters, got " + it->dump().substr(0, 80));
+    r.run_id = it->get<std::string>();
+    for (char c : r.run_id)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
+        fail(path, "state field 'run_id' may hold only letters, digits, '-' and '_', got " + it->dump());
+  }
   return r;
 }
 
@@ -170,6 +184,40 @@ void check_params(const SafetensorsReader& rd, const std::vector<optim::Param>& 
   }
 }
 
+/// Throws NonFiniteTensor when tensor `name` of `rd` (a floating dtype) holds a NaN or an infinity.
+void check_finite(const SafetensorsReader& rd, const std::string& name, const char* who) {
+  const TensorInfo& t = rd.info(name);
+  std::int64_t count = 0, first = -1;
+  double first_value = 0;
+  auto scan = [&](std::int64_t n, auto&& value_at) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double v = value_at(i);
+      if (std::isfinite(v)) continue;
+      if (count++ == 0) first = i, first_value = v;
+    }
+  };
+  if (t.dtype == DType::f32) {
+    const auto b = rd.bytes(name);
+    scan(static_cast<std::int64_t>(b.size() / 4), [&](std::int64_t i) {
+      float v;
+      std::memcpy(&v, b.data() + 4 * i, 4);
+      return static_cast<double>(v);
+    });
+  } else if (t.dtype == DType::f64 || t.dtype == DType::f16 || t.dtype == DType::bf16) {
+    const Tensor<fp64> v = rd.get_converted<fp64>(name);
+    scan(v.numel(), [&](std::int64_t i) { return v.data()[i]; });
+  } else {
+    return;
+  }
+  if (count > 0)
+    throw NonFiniteTensor(who, ": ", rd.path(), ": tensor '", name, "' holds ", count, " non-finite value", count > 1 ? "s" : "",
+                          " (the first, at flat index ", first, ", is ", first_value, "); nothing was loaded");
+}
+
+void check_params_finite(const SafetensorsReader& rd, const std::vector<optim::Param>& params, const char* who) {
+  for (const optim::Param& p : params) check_finite(rd, p.name, who);
+}
+
 void copy_params(const SafetensorsReader& rd, const std::vector<optim::Param>& params) {
   for (const optim::Param& p : params) {
     const TensorInfo& t = rd.info(p.name);
@@ -208,12 +256,15 @@ TrainStateRecord read_train_state_record(const std::string& path) {
   return open_checked(SafetensorsReader::open(path));
 }
 
-TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt) {
+TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt,
+                                  const LoadOptions& options) {
   const SafetensorsReader rd = SafetensorsReader::open(path);
   TrainStateRecord r = open_checked(rd);
   if (r.optimizer != opt.name())
     fail(path, "the checkpoint holds " + r.optimizer + " state, the optimizer is " + std::string(opt.name()));
   check_params(rd, params, /*convert=*/false, "checkpoint");
+  if (!options.allow_non_finite)
+    for (const TensorInfo& t : rd.tensors()) check_finite(rd, t.name, "checkpoint");
   std::set<std::string> names;
   for (const optim::Param& p : params) names.insert(p.name);
   std::vector<optim::NamedTensor> state;
@@ -247,7 +298,7 @@ void save_weights(const std::string& path, const std::vector<optim::Param>& para
   w.write(path);
 }
 
-void load_weights(const std::string& path, const std::vector<optim::Param>& params) {
+void load_weights(const std::string& path, const std::vector<optim::Param>& params, const LoadOptions& options) {
   const SafetensorsReader rd = SafetensorsReader::open(path);
   const bool is_checkpoint = rd.metadata_value("format") == std::string(kFormat);
   if (is_checkpoint) open_checked(rd);
@@ -259,6 +310,7 @@ void load_weights(const std::string& path, const std::vector<optim::Param>& para
     if (names.count(t.name) || (is_checkpoint && t.name.starts_with(kOptimPrefix))) continue;
     throw Error("load_weights: ", path, ": unexpected tensor '", t.name, "' (not a parameter of the model)");
   }
+  if (!options.allow_non_finite) check_params_finite(rd, params, "load_weights");
   copy_params(rd, params);
 }
 
@@ -318,7 +370,22 @@ CheckpointDir::CheckpointDir(std::string dir, std::int64_t keep) : dir_(std::mov
   TG_CHECK(!dir_.empty(), "CheckpointDir: the directory name is empty");
   TG_CHECK(keep >= 0, "CheckpointDir: keep must be >= 0 (0 keeps all), got ", keep);
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  struct stat st {};
+  if (::stat(dir_.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    throw Error("checkpoint: '", dir_, "' exists and is not a directory");
   make_dirs(dir_);
+}
+
+void CheckpointDir::check_writable() const {
+  const std::string probe = dir_ + "/.typegrad-write-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("checkpoint: cannot write into directory '", dir_, "': ", std::strerror(errno));
+  const char byte = 0;
+  const bool ok = ::write(fd, &byte, 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!ok) throw Error("checkpoint: cannot write into directory '", dir_, "': ", std::strerror(err));
 }
 
 std::string CheckpointDir::path_for(std::int64_t step) const {
@@ -347,39 +414,106 @@ std::optional<std::string> CheckpointDir::latest() const {
   return all.back().second;
 }
 
+std::vector<std::pair<std::int64_t, std::string>> CheckpointDir::other_runs(const std::string& run_id) const {
+  auto all = list();
+  std::erase_if(all, [&](const auto& e) { return checkpoint_run_id(e.second) == run_id; });
+  return all;
+}
+
 std::string CheckpointDir::save(const std::vector<optim::Param>& params, const optim::Optimizer& opt,
                                 const TrainStateRecord& record) {
   const std::string path = path_for(record.step);
+  if (::access(path.c_str(), F_OK) == 0) {
+    const auto owner = checkpoint_run_id(path);
+    if (owner != record.run_id)
+      throw Error("checkpoint: ", path, " belongs to another run (",
+                  owner ? (owner->empty() ? std::string("one without a run id") : "run " + *owner) : std::string("an unreadable file"),
+                  "); not replacing it");
+  }
   save_train_state(path, params, opt, record);
   if (keep_ > 0) {
-    auto all = list();
-    // Never delete what was just written, even when an older run left higher step numbers behind.
-    std::erase_if(all, [&](const auto& e) { return e.second == path; });
+    auto mine = list();
+    // Only this run's checkpoints count and go (never another run's), and never what was just written.
+    std::erase_if(mine, [&](const auto& e) { return e.second == path || checkpoint_run_id(e.second) != record.run_id; });
     const auto keep_others = static_cast<std::size_t>(keep_ - 1);
-    for (std::size_t i = 0; i + keep_others < all.size(); ++i) ::unlink(all[i].second.c_str());
+    for (std::size_t i = 0; i + keep_others < mine.size(); ++i) ::unlink(mine[i].second.c_str());
   }
-  // Temporaries of saves that were killed (Note [atomic file replacement]); one writer per directory.
-  if (DIR* d = ::opendir(dir_.c_str())) {
-    std::vector<std::string> stale;
-    while (const dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.starts_with(".ckpt-") && n.find(".safetensors.tmp-") != std::string::npos) stale.push_back(dir_ + "/" + n);
-    }
-    ::closedir(d);
-    for (const auto& s : stale) ::unlink(s.c_str());
-  }
+  remove_stale_temporaries();
   return path;
 }
 
-std::string resolve_resume(const std::string& dir_or_file) {
-  if (is_directory(dir_or_file)) {
-    const auto latest = CheckpointDir(dir_or_file).latest();
-    if (!latest) throw Error("--resume: no checkpoint (ckpt-<step>.safetensors) in directory '", dir_or_file, "'");
-    return *latest;
+std::int64_t CheckpointDir::remove_stale_temporaries() const {
+  // ".ckpt-<step>.safetensors.tmp-<pid>-<n>" (write_file_atomic); a live writer's are left alone.
+  std::vector<std::string> stale;
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      const auto at = n.find(".safetensors.tmp-");
+      if (!n.starts_with(".ckpt-") || at == std::string::npos) continue;
+      const std::string rest = n.substr(at + std::strlen(".safetensors.tmp-"));
+      const auto dash = rest.find('-');
+      const std::string pid_text = rest.substr(0, dash);
+      if (pid_text.empty() || pid_text.size() > 9 || !std::all_of(pid_text.begin(), pid_text.end(), ::isdigit)) continue;
+      const long pid = std::stol(pid_text);
+      if (pid == static_cast<long>(::getpid())) continue;
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) stale.push_back(dir_ + "/" + n);
+    }
+    ::closedir(d);
   }
-  if (::access(dir_or_file.c_str(), R_OK) != 0)
-    throw Error("--resume: '", dir_or_file, "' is neither a checkpoint file nor a directory: ", std::strerror(errno));
-  return dir_or_file;
+  std::int64_t removed = 0;
+  for (const auto& s : stale) removed += ::unlink(s.c_str()) == 0;
+  return removed;
 }
+
+std::optional<std::string> checkpoint_run_id(const std::string& path) {
+  // The header only: 8 bytes of length, then the JSON header with "__metadata__" (Note [safetensors]).
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  unsigned char len_bytes[8];
+  if (!f.read(reinterpret_cast<char*>(len_bytes), 8)) return std::nullopt;
+  std::uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
+  if (len == 0 || len > (std::uint64_t{100} << 20)) return std::nullopt;
+  std::string header(static_cast<std::size_t>(len), '\0');
+  if (!f.read(header.data(), static_cast<std::streamsize>(len))) return std::nullopt;
+  try {
+    const json h = json::parse(header);
+    const json& meta = h.at("__metadata__");
+    if (meta.at("format").get<std::string>() != kFormat) return std::nullopt;
+    const json state = json::parse(meta.at("tg.state").get<std::string>());
+    if (!state.is_object()) return std::nullopt;
+    auto it = state.find("run_id");
+    if (it == state.end()) return std::string();
+    if (!it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+ResumeChoice choose_resume(const std::string& dir_or_file, bool fallback_to_intact) {
+  if (!is_directory(dir_or_file)) {
+    if (::access(dir_or_file.c_str(), R_OK) != 0)
+      throw Error("--resume: '", dir_or_file, "' is neither a checkpoint file nor a directory: ", std::strerror(errno));
+    return {dir_or_file, {}};
+  }
+  const auto all = CheckpointDir(dir_or_file).list();
+  if (all.empty()) throw Error("--resume: no checkpoint (ckpt-<step>.safetensors) in directory '", dir_or_file, "'");
+  ResumeChoice choice;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      read_train_state_record(it->second);  // format, state checksum, every tensor's checksum
+      choice.path = it->second;
+      return choice;
+    } catch (const Error& e) {
+      if (!fallback_to_intact)
+        throw Error("--resume: the newest checkpoint in '", dir_or_file, "' is damaged: ", e.what());
+      choice.skipped.emplace_back(it->second, e.what());
+    }
+  }
+  throw Error("--resume: no intact checkpoint in directory '", dir_or_file, "' (", all.size(), " damaged)");
+}
+
+std::string resolve_resume(const std::string& dir_or_file) { return choose_resume(dir_or_file).path; }
 
 }  // namespace tg::io

@@ -32,6 +32,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "guards.hpp"
+
 namespace train_gpt {
 
 struct Options {
@@ -69,6 +71,13 @@ struct Options {
   std::string checkpoint = "none";
   std::string precision = "fp32";
   std::string device = "cpu";
+  // guards (Note [the trainer's guards])
+  bool share_save_dir = false;           // a fresh run may write beside another run's checkpoints
+  bool resume_fallback = false;          // --resume DIR: fall back to the newest intact checkpoint
+  bool allow_nonfinite_weights = false;  // load weights holding NaN / inf
+  std::string on_nonfinite = "stop";     // stop | skip (Note [non-finite steps without a scaler])
+  std::string log_errors = "stop";       // stop | warn
+  std::string run_id;                    // filled by run_policy (Note [runs own their checkpoints])
 };
 
 using Clock = std::chrono::steady_clock;
@@ -255,6 +264,7 @@ struct LoopState {
   tg::optim::GradAccumRuntime& accum;
   double& loss_ema;
   std::int64_t& tokens_done;
+  std::int64_t& nonfinite_skipped;  // steps skipped under --on-nonfinite skip (the run's total, across resumes)
 };
 
 inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t step, const std::vector<tg::optim::Param>& params,
@@ -266,24 +276,92 @@ inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::i
   r.generators = {{"init", tg::io::record_of(s.init_gen)}, {"dropout", tg::io::record_of(s.dropout_gen)},
                   {"sample", tg::io::record_of(s.sample_gen)}};
   r.grad_accum = tg::io::GradAccumRecord{s.accum.n(), s.accum.micro_index(), s.accum.steps()};
-  r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)}};
+  r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)},
+               {"nonfinite_skipped", static_cast<double>(s.nonfinite_skipped)}};
   r.scaler = scaler;
   r.config_json = run_config_json(o);
+  r.run_id = o.run_id;
   const auto t0 = Clock::now();
   const std::string path = dir.save(params, opt, r);
   std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
 }
 
+/// A whole non-negative number below 2^53 (a count saved as a double), or an error naming the field.
+inline std::int64_t count_field(const std::string& path, const char* name, double v) {
+  if (!(std::isfinite(v) && v >= 0 && v < 9007199254740992.0 && v == std::floor(v)))
+    throw tg::Error("--resume: ", path, ": state field '", name, "' must be a whole number from 0 to 2^53, got ", v);
+  return static_cast<std::int64_t>(v);
+}
+
+/// Checks a checkpoint's positions against each other and against this run before anything is restored
+/// (Note [the trainer's guards]): a record that passed its checksums can still hold numbers no run of these
+/// settings reaches (a hand-edited or foreign file).
+inline void validate_resume_record(const Options& o, const std::string& path, const tg::io::TrainStateRecord& r,
+                                   const LoopState& s) {
+  auto bad = [&](auto&&... parts) { throw tg::Error("--resume: ", path, ": ", parts...); };
+  if (r.step > o.steps)
+    bad("the checkpoint is at step ", r.step, ", beyond --steps ", o.steps, " (raise --steps to continue that run)");
+  if (!r.grad_accum || r.grad_accum->n != o.grad_accum)
+    bad("saved with --grad-accum ", r.grad_accum ? r.grad_accum->n : 0, ", this run uses ", o.grad_accum);
+  if (r.grad_accum->micro_index != 0) bad("saved in the middle of an accumulation (micro_index ", r.grad_accum->micro_index, ")");
+  // Steps taken and skipped add up to the step counter; the schedule and the accumulator count the taken ones.
+  const std::int64_t skipped_scaler = r.scaler ? r.scaler->skipped_steps : 0;
+  if (r.schedule_step > r.step || r.grad_accum->steps != r.schedule_step)
+    bad("inconsistent counters: step ", r.step, ", schedule step ", r.schedule_step, ", accumulator steps ", r.grad_accum->steps);
+  if (r.scaler && (r.scaler->steps != r.step || skipped_scaler > r.step || !(std::isfinite(r.scaler->scale) && r.scaler->scale > 0)))
+    bad("inconsistent loss-scaler state: step ", r.step, ", scaler steps ", r.scaler->steps, ", skipped ", skipped_scaler,
+        ", scale ", r.scaler->scale);
+  std::uint64_t batches = 0;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(r.step), static_cast<std::uint64_t>(o.grad_accum), &batches) ||
+      r.sampler.counter != batches)
+    bad("the sampler has drawn ", r.sampler.counter, " batches, but ", r.step, " steps of ", o.grad_accum, " micro-batches draw ",
+        r.step * o.grad_accum);
+  for (const auto& [name, g] : r.generators) {
+    if (name == "init" && g.offset != s.init_gen.offset())
+      bad("generator 'init' is at offset ", g.offset, ", a model built from the seed draws ", s.init_gen.offset());
+    if (g.offset > (std::uint64_t{1} << 62)) bad("generator '", name, "' is at offset ", g.offset, ", beyond any run's draws");
+  }
+  const auto scalar = [&](const char* name) -> std::optional<double> {
+    auto it = r.scalars.find(name);
+    return it == r.scalars.end() ? std::nullopt : std::optional<double>(it->second);
+  };
+  if (auto v = scalar("tokens_done")) {
+    const std::int64_t tokens = count_field(path, "tokens_done", *v), per_step = o.batch * o.seq * o.grad_accum;
+    // With the same settings every step (taken or skipped) consumed per_step tokens.
+    if (tg::io::config_differences(r.config_json, run_config_json(o)).empty() && tokens != r.step * per_step)
+      bad("state field 'tokens_done' is ", tokens, ", but ", r.step, " steps of ", per_step, " tokens make ", r.step * per_step);
+  }
+  const std::int64_t skipped_nonfinite = count_field(path, "nonfinite_skipped", scalar("nonfinite_skipped").value_or(0));
+  if (r.schedule_step + skipped_scaler + skipped_nonfinite != r.step)
+    bad("inconsistent counters: step ", r.step, " is not the ", r.schedule_step, " steps taken plus the ",
+        skipped_scaler + skipped_nonfinite, " skipped");
+  if (auto v = scalar("loss_ema"); v && !std::isfinite(*v)) bad("state field 'loss_ema' is ", *v);
+}
+
 /// Loads --resume into the model and optimizer, restores the loop's positions and hands back the loss
-/// scaler's state (if the run had one); returns the step reached.
+/// scaler's state (if the run had one); returns the step reached. Sets `run_id` to the resumed run's.
 inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& params, tg::optim::Optimizer& opt,
-                         const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler) {
-  const std::string path = tg::io::resolve_resume(o.resume);
-  const tg::io::TrainStateRecord r = tg::io::load_train_state(path, params, opt);
+                                const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler, std::string& run_id) {
+  tg::io::ResumeChoice choice;
+  try {
+    choice = tg::io::choose_resume(o.resume, o.resume_fallback);
+  } catch (const tg::Error& e) {
+    if (o.resume_fallback || std::string(e.what()).find("is damaged") == std::string::npos) throw;
+    throw tg::Error(e.what(), " (--resume-fallback resumes from the newest intact checkpoint instead)");
+  }
+  for (const auto& [bad_path, why] : choice.skipped)
+    std::printf("warning: --resume-fallback: passing over the damaged %s: %s\n", bad_path.c_str(), why.c_str());
+  const std::string& path = choice.path;
+  const tg::io::TrainStateRecord probe = tg::io::read_train_state_record(path);
+  validate_resume_record(o, path, probe, s);  // before anything changes
+  tg::io::TrainStateRecord r;
+  try {
+    r = tg::io::load_train_state(path, params, opt, {.allow_non_finite = o.allow_nonfinite_weights});
+  } catch (const tg::io::NonFiniteTensor& e) {
+    throw tg::io::NonFiniteTensor(e.what(), " (--allow-nonfinite-weights loads it anyway)");
+  }
   for (const auto& d : tg::io::config_differences(r.config_json, run_config_json(o)))
     std::printf("warning: resuming with a different setting, the run will not repeat the original: %s\n", d.c_str());
-  TG_CHECK(r.grad_accum && r.grad_accum->n == o.grad_accum, "--resume: ", path, " was saved with --grad-accum ",
-           r.grad_accum ? r.grad_accum->n : 0, ", this run uses ", o.grad_accum);
   s.schedule.set_step(r.schedule_step);
   s.sampler.set_position(r.sampler);
   for (auto [name, gen] : {std::pair{"init", &s.init_gen}, {"dropout", &s.dropout_gen}, {"sample", &s.sample_gen}}) {
@@ -294,8 +372,12 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   s.accum.restore(r.grad_accum->steps, r.grad_accum->micro_index);
   if (auto it = r.scalars.find("loss_ema"); it != r.scalars.end()) s.loss_ema = it->second;
   if (auto it = r.scalars.find("tokens_done"); it != r.scalars.end()) s.tokens_done = static_cast<std::int64_t>(it->second);
+  if (auto it = r.scalars.find("nonfinite_skipped"); it != r.scalars.end()) s.nonfinite_skipped = static_cast<std::int64_t>(it->second);
   scaler = r.scaler;
-  std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(r.step));
+  run_id = r.run_id;  // "" for a checkpoint saved before run ids: the run goes on owning the files without one
+  std::printf("resumed from %s at step %lld of %lld (run %s)\n", path.c_str(), static_cast<long long>(r.step),
+              static_cast<long long>(o.steps), r.run_id.empty() ? "without an id, saved before run ids" : r.run_id.c_str());
+  if (r.step == o.steps) std::printf("note: the checkpoint is at the last step (--steps %lld): nothing left to train\n", static_cast<long long>(o.steps));
   return r.step;
 }
 
@@ -340,6 +422,7 @@ struct Run {
   std::optional<tg::io::CheckpointDir>& ckpts;
   double& loss_ema;
   std::int64_t& tokens_done;
+  std::int64_t& nonfinite_skipped;
   std::int64_t start_step;
 };
 
@@ -360,12 +443,11 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   auto& ckpts = r.ckpts;
   double& loss_ema = r.loss_ema;
   std::int64_t& tokens_done = r.tokens_done;
+  std::int64_t& nonfinite_skipped = r.nonfinite_skipped;
   const std::int64_t start_step = r.start_step;
-  std::ofstream log;
-  if (!o.log.empty()) {
-    log.open(o.log);
-    TG_CHECK(log.good(), "--log: cannot open '", o.log, "' for writing");
-  }
+  RunLog log(o.log, start_step, o.log_errors == "warn");  // a resumed run continues its log after start_step
+  accum.on_non_finite(o.on_nonfinite == "skip" ? tg::optim::OnNonFinite::skip : tg::optim::OnNonFinite::stop);
+  constexpr bool kScalerChecks = decltype(amp.scaler)::scales_loss;  // fp16: the scaler skips inf/NaN steps itself
   const bool tty = isatty(fileno(stdout));
   std::printf("typegrad %s | data: %s (%lld train / %lld val tokens, byte-level)\n", TG_VERSION_STRING,
               ds.source().c_str(), static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
@@ -379,6 +461,7 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   std::printf("device %s | activation checkpointing: %s\n", o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()));
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
   std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
+  std::fflush(stdout);  // the header before the first evaluation, which takes a while on a large model
   const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
   std::printf("step 0: val loss %.4f\n", val0);
 
@@ -388,15 +471,27 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   for (std::int64_t step = start_step + 1; step <= o.steps; ++step) {
     const auto t0 = Clock::now();
     double step_loss = 0;
+    const std::int64_t skipped_before = accum.skipped_steps();
     for (std::int64_t m = 0; m < o.grad_accum; ++m) {
       const auto b = sampler.next();
       const auto loss = amp.loss(amp.forward(model, b.inputs, dropout_gen, true), b.targets);  // fp32 loss
-      step_loss += static_cast<double>(loss.item()) / static_cast<double>(o.grad_accum);
+      const double micro_loss = static_cast<double>(loss.item());
+      step_loss += micro_loss / static_cast<double>(o.grad_accum);
+      accum.note_loss(micro_loss);  // Note [non-finite steps without a scaler]
       accum.scale(loss, amp.scaler).backward();
       // After each optimizer step, refresh the low-precision weight copies (once per step, not per micro-batch).
-      if (accum.micro_step(opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
-        amp.after_step(accum);
+      try {
+        if (accum.micro_step(opt, schedule, o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt, amp.scaler))
+          amp.after_step(accum);
+      } catch (const tg::optim::NonFiniteStep& e) {
+        const auto newest = ckpts ? ckpts->latest() : std::nullopt;
+        throw tg::optim::NonFiniteStep(
+            "step ", step, ": ", e.what(), "; training stopped, nothing was saved after step ", step - 1,
+            newest ? " (the newest checkpoint is " + *newest + ")" : std::string(),
+            ". Lower --lr, or pass --on-nonfinite skip to skip such steps");
+      }
     }
+    if (!kScalerChecks) nonfinite_skipped += accum.skipped_steps() - skipped_before;
     const double dt = seconds_since(t0);
     train_time += dt;
     tokens_done += o.batch * o.seq * o.grad_accum;
@@ -412,6 +507,9 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     if constexpr (decltype(amp.scaler)::scales_loss)  // fp16: the loss scale and the steps skipped for inf/NaN
       std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | scale %g | skipped %lld",
                     amp.scaler.scale(), (long long)amp.scaler.state().skipped_steps);  // the run's total, across resumes
+    else if (nonfinite_skipped > 0)  // --on-nonfinite skip
+      std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped %lld (non-finite)",
+                    (long long)nonfinite_skipped);
     const bool eval_now = o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps);
     if (tty) std::printf("\r%s\x1b[K", line);
     if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
@@ -424,11 +522,13 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
       std::printf("%s--- sample at step %lld ---\n%s\n---\n", tty ? "\n" : "", (long long)step,
                   generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen).c_str());
     if (log.is_open()) {
-      log << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
-          << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
-          << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps;
-      if (eval_now) log << ",\"val_loss\":" << last_val;
-      log << "}\n";
+      std::ostringstream l;
+      l << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
+        << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
+        << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps + nonfinite_skipped;
+      if (eval_now) l << ",\"val_loss\":" << last_val;
+      l << "}";
+      log.write(step, l.str());
     }
     if (ckpts && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) {
       sync_host();

@@ -135,5 +135,88 @@ TEST(OptimGradAccum, ClipsTheAccumulatedGradientBeforeStepping) {
   EXPECT_NEAR(p.tensor.at({1}), -0.8f, 1e-6f);
 }
 
+// Note [non-finite steps without a scaler]: stop throws before any update, skip drops the step like a
+// scaler's overflow, apply (the default) steps as before; a finite step with the guard on equals one without.
+TEST(OptimGradAccum, NonFiniteGradientStopsOrSkipsWithoutUpdating) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (float bad : {nan, inf}) {
+    GradAccumRuntime accum{1};
+    accum.on_non_finite(OnNonFinite::stop);
+    Param p("w", Tensor<fp32>::ones({2}));
+    Adam opt({p}, {.lr = 0.1f});
+    Schedule sched = Constant{0.1f};
+    set_grad(p, Tensor<fp32>::from_vector({2}, {bad, 1.f}));
+    EXPECT_THROW(accum.micro_step(opt, sched, std::nullopt), NonFiniteStep);
+    EXPECT_EQ(p.tensor.to_vector(), (std::vector<float>{1.f, 1.f}));
+    EXPECT_EQ(sched.step(), 0);
+    EXPECT_EQ(accum.steps(), 0);
+    EXPECT_EQ(accum.micro_index(), 0);
+    for (const auto& e : opt.state_tensors())  // no moment took the poison
+      for (float v : e.tensor.to_vector()) EXPECT_TRUE(std::isfinite(v)) << e.name;
+
+    accum.on_non_finite(OnNonFinite::skip);
+    set_grad(p, Tensor<fp32>::from_vector({2}, {1.f, bad}));
+    EXPECT_TRUE(accum.micro_step(opt, sched, 1.0));
+    EXPECT_TRUE(accum.last_step_skipped());
+    EXPECT_EQ(accum.skipped_steps(), 1);
+    EXPECT_EQ(p.tensor.to_vector(), (std::vector<float>{1.f, 1.f}));
+    EXPECT_EQ(sched.step(), 0);
+
+    accum.on_non_finite(OnNonFinite::apply);  // the default: the poison goes in
+    set_grad(p, Tensor<fp32>::from_vector({2}, {1.f, bad}));
+    EXPECT_TRUE(accum.micro_step(opt, sched, std::nullopt));
+    EXPECT_FALSE(std::isfinite(p.tensor.at({1})));
+  }
+}
+
+TEST(OptimGradAccum, NonFiniteLossStopsEvenWithFiniteGradients) {
+  GradAccumRuntime accum{2};
+  accum.on_non_finite(OnNonFinite::stop);
+  Param p("w", Tensor<fp32>::zeros({2}));
+  Sgd opt({p}, {.lr = 1.f});
+  Schedule sched = Constant{1.f};
+  set_grad(p, Tensor<fp32>::from_values({2}, {3, 4}));
+  accum.note_loss(1.5);
+  EXPECT_FALSE(accum.micro_step(opt, sched, std::nullopt));
+  accum.note_loss(std::numeric_limits<double>::infinity());
+  try {
+    accum.micro_step(opt, sched, std::nullopt);
+    ADD_FAILURE() << "no NonFiniteStep";
+  } catch (const NonFiniteStep& e) {
+    EXPECT_NE(std::string(e.what()).find("the loss is inf; no update was applied"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(p.tensor.to_vector(), (std::vector<float>{0.f, 0.f}));
+  // The flag does not outlive its step: the next finite step applies, and its norm is measured.
+  set_grad(p, Tensor<fp32>::from_values({2}, {3, 4}));
+  accum.note_loss(0.5);
+  EXPECT_FALSE(accum.micro_step(opt, sched, std::nullopt));
+  EXPECT_TRUE(accum.micro_step(opt, sched, std::nullopt));
+  EXPECT_DOUBLE_EQ(accum.last_grad_norm(), 5.0);
+  EXPECT_EQ(p.tensor.to_vector(), (std::vector<float>{-3.f, -4.f}));
+}
+
+TEST(OptimGradAccum, GuardedFiniteStepEqualsUnguardedStep) {
+  for (bool clip : {false, true}) {
+    TinyModel a(3), b(3);
+    Adam opt_a(a.ps, {.lr = 0.05f}), opt_b(b.ps, {.lr = 0.05f});
+    Schedule sa = Constant{0.05f}, sb = Constant{0.05f};
+    GradAccumRuntime acc_a{1}, acc_b{1};
+    acc_b.on_non_finite(OnNonFinite::stop);
+    const std::optional<double> max_norm = clip ? std::optional<double>(0.1) : std::nullopt;
+    for (int s = 0; s < 3; ++s) {
+      Generator gen(10 + s);
+      const auto x = Tensor<fp32>::normal({4, 5}, 0.f, 1.f, gen);
+      const auto t = Tensor<fp32>::normal({4}, 0.f, 1.f, gen);
+      a.loss(x, t).backward();
+      const auto lb = b.loss(x, t);
+      acc_b.note_loss(lb.item());
+      lb.backward();
+      acc_a.micro_step(opt_a, sa, max_norm);
+      acc_b.micro_step(opt_b, sb, max_norm);
+    }
+    for (std::size_t i = 0; i < a.ps.size(); ++i) EXPECT_EQ(a.ps[i].tensor.to_vector(), b.ps[i].tensor.to_vector());
+  }
+}
+
 }  // namespace
 }  // namespace tg::optim::testing

@@ -72,7 +72,19 @@ struct TrainStateRecord {
   std::map<std::string, double> scalars;  ///< free-form numbers (running loss averages, token counts)
   std::string config_json = "{}";         ///< the run's configuration, a JSON object
   std::string optimizer;                  ///< Optimizer::name(); filled by save, checked by load
+  std::string run_id;                     ///< the run that wrote it (Note [runs own their checkpoints]); "" in old files
   bool operator==(const TrainStateRecord&) const = default;
+};
+
+/// Thrown when a file's floating tensor holds NaN or infinite values (the weights of a run that diverged);
+/// loading rejects such files unless LoadOptions::allow_non_finite.
+class NonFiniteTensor : public Error {
+ public:
+  using Error::Error;
+};
+
+struct LoadOptions {
+  bool allow_non_finite = false;  ///< load tensors holding NaN / inf as they are
 };
 
 /// Writes a training checkpoint to `path` atomically (Note [atomic file replacement]).
@@ -80,7 +92,9 @@ void save_train_state(const std::string& path, const std::vector<optim::Param>& 
                       const TrainStateRecord& record);
 /// Loads a checkpoint written by save_train_state into `params` and `opt` (all checks first, see the Note)
 /// and returns its record; restoring the positions it holds is the caller's part.
-TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt);
+/// Every tensor (parameters and optimizer state) must be finite unless `options` allows otherwise.
+TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt,
+                                  const LoadOptions& options = {});
 /// The record of a checkpoint without loading its tensors (tensors and checksums are still verified).
 TrainStateRecord read_train_state_record(const std::string& path);
 
@@ -90,31 +104,66 @@ void save_weights(const std::string& path, const std::vector<optim::Param>& para
                   const std::map<std::string, std::string>& metadata = {});
 /// Loads weights into `params` from a weights file (exactly the parameters' names; floating dtypes are
 /// converted to fp32) or from a training checkpoint (its "optim.*" tensors are ignored). Checksums are
-/// verified when the file has them. All checks happen before any parameter changes.
-void load_weights(const std::string& path, const std::vector<optim::Param>& params);
+/// verified when the file has them. All checks happen before any parameter changes, the finiteness of every
+/// value among them (NonFiniteTensor) unless `options` allows otherwise.
+void load_weights(const std::string& path, const std::vector<optim::Param>& params, const LoadOptions& options = {});
 
 /// The keys whose values differ between two JSON configurations ("lr: checkpoint 0.002, now 0.001"),
 /// for a trainer to report when a run is resumed with other settings.
 std::vector<std::string> config_differences(const std::string& saved_json, const std::string& current_json);
 
-/// A directory of checkpoints "ckpt-<step, 8+ digits>.safetensors", keeping the newest `keep` (0: all).
+// Note [runs own their checkpoints]
+// A save directory can hold checkpoints of several runs (a user reusing --save-dir). Each record carries
+// the id of the run that wrote it (TrainStateRecord::run_id: a fresh run draws one, a resumed run keeps its
+// checkpoint's), read back cheaply from the file's header (checkpoint_run_id). CheckpointDir::save deletes
+// beyond `keep` only checkpoints of the saving run and never replaces another run's file; a trainer refuses
+// to start a fresh run into a directory that holds another run's checkpoints unless told to share it.
+// Temporaries of saves that were killed (".ckpt-<step>.safetensors.tmp-<pid>-<n>") are removed when their
+// process is gone: on opening the directory and after each save.
+
+/// A checkpoint's run id from its header alone (no tensor is read): "" for files written without one,
+/// nullopt when the file is not a readable training checkpoint.
+std::optional<std::string> checkpoint_run_id(const std::string& path);
+
+/// A directory of checkpoints "ckpt-<step, 8+ digits>.safetensors", keeping the newest `keep` (0: all) of
+/// each run (Note [runs own their checkpoints]).
 class CheckpointDir {
  public:
+  /// Creates the directory when missing (throws when it cannot).
   explicit CheckpointDir(std::string dir, std::int64_t keep = 0);
+  /// Throws unless a file can be created in the directory (a trainer calls it before its first step, so a
+  /// read-only or full save directory is found then, not at the first save).
+  void check_writable() const;
   const std::string& dir() const { return dir_; }
   std::string path_for(std::int64_t step) const;
   /// Complete checkpoints (temporaries never match), ascending by step.
   std::vector<std::pair<std::int64_t, std::string>> list() const;
   std::optional<std::string> latest() const;
-  /// Saves step `record.step`, then deletes the oldest beyond `keep`; returns the path written.
+  /// The complete checkpoints whose run id is not `run_id` (unreadable ones included), ascending by step.
+  std::vector<std::pair<std::int64_t, std::string>> other_runs(const std::string& run_id) const;
+  /// Saves step `record.step`, then deletes the oldest of `record.run_id`'s checkpoints beyond `keep`;
+  /// returns the path written. Throws, writing nothing, when the path holds another run's checkpoint.
   std::string save(const std::vector<optim::Param>& params, const optim::Optimizer& opt, const TrainStateRecord& record);
+  /// Removes the temporaries of killed saves whose process is gone; returns how many.
+  std::int64_t remove_stale_temporaries() const;
 
  private:
   std::string dir_;
   std::int64_t keep_ = 0;
 };
 
-/// --resume's argument: a checkpoint file as is, or a directory's latest checkpoint (error when none).
+/// resolve_resume's answer: the checkpoint to load, and the newer ones that were passed over because they
+/// failed verification (path, reason) when a fallback was allowed.
+struct ResumeChoice {
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> skipped;
+};
+
+/// --resume's argument: a checkpoint file as is, or a directory's newest checkpoint, verified (format,
+/// checksums). A directory whose newest checkpoint is damaged is an error naming it, or, with
+/// `fallback_to_intact`, the newest intact one (the damaged ones listed in `skipped`). Error when none.
+ResumeChoice choose_resume(const std::string& dir_or_file, bool fallback_to_intact = false);
+/// choose_resume(dir_or_file).path.
 std::string resolve_resume(const std::string& dir_or_file);
 
 }  // namespace tg::io

@@ -5,8 +5,12 @@
 //   accum.scale(loss, scaler).backward();  accum.micro_step(opt, schedule, 1.0, scaler);   // with a loss scaler
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/optim/clip.hpp"
@@ -27,6 +31,26 @@ namespace tg::optim {
 // inf/NaN; then, before (1): the scaler updates, and on overflow the step is skipped: no clipping, no
 // optimizer step, no schedule advance (the schedule counts applied updates), gradients dropped,
 // skipped_steps() and last_step_skipped() tell it, and micro_step still returns true (a step boundary).
+//
+// Note [non-finite steps without a scaler]
+// A run without a loss scaler (fp32, bf16) has nothing that looks at the gradients, so a NaN or infinite
+// loss or gradient would be applied to the weights and every later checkpoint would hold poison. With
+// on_non_finite(stop) or (skip), the N-th micro_step measures the global gradient norm first (the same
+// pass that clipping makes, so it costs nothing extra when clipping) and looks at the losses the caller
+// reported through note_loss(); if either is NaN or infinite, no update is applied: `stop` zeroes the
+// gradients and throws NonFiniteStep (the weights, optimizer state and schedule are as after the last good
+// step, so a checkpoint taken then is still the newest good one); `skip` drops the gradients and counts a
+// skipped step exactly as a loss scaler's overflow does. With a scaler that scales the loss, the scaler's
+// own check decides (a skipped fp16 step is routine, not an error).
+
+/// What micro_step does with a non-finite loss or gradient norm when no loss scaler checks for it.
+enum class OnNonFinite { apply, stop, skip };
+
+/// Thrown by micro_step under OnNonFinite::stop; nothing was applied for the step.
+class NonFiniteStep : public Error {
+ public:
+  using Error::Error;
+};
 
 namespace detail {
 template <std::int64_t N>
@@ -82,10 +106,31 @@ class GradAccumulator {
     const bool found_inf = scaler.unscale(opt);
     scaler.update(found_inf);
     last_skipped_ = found_inf;
+    const bool bad_loss = std::exchange(bad_loss_, false);
+    const double bad_loss_value = bad_loss_value_;
     if (found_inf) {
       opt.zero_grad();
       ++skipped_;
       return true;
+    }
+    constexpr bool scaler_checks = [] {
+      if constexpr (requires { Scaler::scales_loss; }) return static_cast<bool>(Scaler::scales_loss);
+      else return false;
+    }();
+    if (on_non_finite_ != OnNonFinite::apply && !scaler_checks) {
+      // Note [non-finite steps without a scaler]: one pass measures (and clips) the global norm.
+      last_norm_ = clip_grad_norm(opt, max_grad_norm.value_or(std::numeric_limits<double>::infinity()));
+      if (bad_loss || !std::isfinite(last_norm_)) {
+        opt.zero_grad();
+        if (on_non_finite_ == OnNonFinite::stop) {
+          if (bad_loss) throw NonFiniteStep("the loss is ", bad_loss_value, "; no update was applied");
+          throw NonFiniteStep("the global gradient norm is ", last_norm_, "; no update was applied");
+        }
+        last_skipped_ = true;
+        ++skipped_;
+        return true;
+      }
+      max_grad_norm.reset();  // clipped above
     }
     if (max_grad_norm) last_norm_ = clip_grad_norm(opt, *max_grad_norm);
     opt.set_lr(schedule.lr());
@@ -94,6 +139,18 @@ class GradAccumulator {
     opt.zero_grad();
     ++steps_;
     return true;
+  }
+
+  /// Note [non-finite steps without a scaler]: what to do with a NaN/inf loss or gradient norm when no
+  /// loss scaler checks the gradients (default: apply, as torch does).
+  void on_non_finite(OnNonFinite policy) { on_non_finite_ = policy; }
+  OnNonFinite non_finite_policy() const { return on_non_finite_; }
+  /// Reports a micro-batch's loss; a non-finite one makes the step boundary stop or skip (per the policy).
+  void note_loss(double loss) {
+    if (!std::isfinite(loss) && !bad_loss_) {
+      bad_loss_ = true;
+      bad_loss_value_ = loss;
+    }
   }
 
   /// Micro-batches seen since the last optimizer step (0 .. N-1).
@@ -106,6 +163,7 @@ class GradAccumulator {
              "are taken between optimizer steps), got steps ", steps, ", micro_index ", micro_index);
     steps_ = steps;
     micro_ = 0;
+    bad_loss_ = false;
   }
   /// The global gradient norm measured by the last clipping micro_step (0 before any).
   double last_grad_norm() const { return last_norm_; }
@@ -128,6 +186,9 @@ class GradAccumulator {
   double last_norm_ = 0.0;
   std::int64_t skipped_ = 0;
   bool last_skipped_ = false;
+  OnNonFinite on_non_finite_ = OnNonFinite::apply;
+  bool bad_loss_ = false;
+  double bad_loss_value_ = 0.0;
 };
 
 /// N micro-batches per optimizer step, N known at compile time.

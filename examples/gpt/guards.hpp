@@ -1,0 +1,251 @@
+// The trainer's guards against bad input and lost output (Note [the trainer's guards]): every flag checked
+// before any allocation, a memory estimate against the machine, the run id that owns a save directory, and
+// a JSON-lines log whose every write is checked and which a resumed run continues.
+//   train_gpt::validate_options(o);  train_gpt::check_memory(o, config);
+//   train_gpt::RunLog log(o.log, /*resume_step=*/start_step, /*warn_only=*/false);  log.write(step, line);
+#pragma once
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <typegrad/core/error.hpp>
+#include <typegrad/nn/gpt.hpp>
+
+namespace train_gpt {
+
+// Note [the trainer's guards]
+// A flag value is checked, products included, before the data is read or anything is allocated, and a bad
+// one is one line naming the flag, the rule and the value, exit code 2 (main). The largest sizes are
+// bounded twice: by fixed limits that keep every product inside int64 (tokens per micro-batch ≤ 2^31, so
+// int32 token indices never wrap), and by a lower bound of the run's memory (weights, gradients and Adam
+// state, the logits and their gradient, a few activations per layer) against the memory this process may
+// use (physical memory, or a cgroup's memory.max when lower), so a run that cannot fit stops at once instead
+// of swapping or failing half an hour in. An allocation that fails later still becomes a tg::Error.
+
+/// a·b, or an error naming `what` when the product overflows int64.
+inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) throw tg::Error(what, " overflows a 64-bit integer (", a, " x ", b, ")");
+  return r;
+}
+
+/// Parses --seed: a decimal integer in [0, 2^64); "-1" and "1e3" are errors, not wrapped or truncated.
+inline std::uint64_t parse_seed(const std::string& text) {
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end)
+    throw tg::Error("--seed must be an integer from 0 to 18446744073709551615, got '", text, "'");
+  return v;
+}
+
+/// CPUs this process may run on (its affinity mask).
+inline int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+/// Bytes of memory this process may use: physical memory, or the cgroup's memory.max when that is lower.
+inline std::int64_t usable_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  std::int64_t limit = pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : std::numeric_limits<std::int64_t>::max();
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(path);
+    std::string v;
+    if (f >> v && !v.empty() && v != "max") {
+      std::int64_t x = 0;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (ec == std::errc() && x > 0 && x < limit) limit = x;
+    }
+  }
+  return limit;
+}
+
+/// Checks every numeric flag (and the pairs that must agree); throws naming the flag. `o` is complete
+/// (defaults applied).
+template <class Options>
+void validate_options(const Options& o) {
+  auto positive = [](const char* flag, std::int64_t v, std::int64_t max) {
+    if (v <= 0) throw tg::Error(flag, " must be a positive integer, got ", v);
+    if (v > max) throw tg::Error(flag, " must be at most ", max, ", got ", v);
+  };
+  auto non_negative = [](const char* flag, std::int64_t v, std::int64_t max) {
+    if (v < 0) throw tg::Error(flag, " must be a non-negative integer, got ", v);
+    if (v > max) throw tg::Error(flag, " must be at most ", max, ", got ", v);
+  };
+  constexpr std::int64_t kMaxTokensPerBatch = std::int64_t{1} << 31;  // token indices stay inside int32
+  constexpr std::int64_t kMaxSteps = std::int64_t{1} << 40;
+  positive("--batch", o.batch, kMaxTokensPerBatch);
+  positive("--seq", o.seq, std::int64_t{1} << 20);
+  positive("--grad-accum", o.grad_accum, std::int64_t{1} << 20);
+  positive("--steps", o.steps, kMaxSteps);
+  const std::int64_t tokens = checked_mul(o.batch, o.seq, "--batch x --seq");
+  if (tokens > kMaxTokensPerBatch)
+    throw tg::Error("--batch x --seq must be at most ", kMaxTokensPerBatch, " tokens per micro-batch, got ", o.batch, " x ", o.seq,
+                    " = ", tokens);
+  // Tokens over the whole run (the progress line's count) must fit too.
+  checked_mul(checked_mul(tokens, o.grad_accum, "--batch x --seq x --grad-accum"), o.steps,
+              "the run's token count (--batch x --seq x --grad-accum x --steps)");
+  non_negative("--warmup", o.warmup, o.steps - 1);
+  non_negative("--eval-every", o.eval_every, kMaxSteps);
+  positive("--eval-batches", o.eval_batches, std::int64_t{1} << 20);
+  non_negative("--sample-every", o.sample_every, kMaxSteps);
+  positive("--sample-tokens", o.sample_tokens, std::int64_t{1} << 20);
+  non_negative("--top-k", o.top_k, std::int64_t{1} << 31);
+  non_negative("--save-every", o.save_every, kMaxSteps);
+  non_negative("--keep", o.keep, std::int64_t{1} << 20);
+  const int max_threads = std::max(4, 4 * available_cpus());
+  if (o.threads < 0 || o.threads > max_threads)
+    throw tg::Error("--threads must be from 0 (every CPU this process may use) to ", max_threads,
+                    " (4x the CPUs it may use), got ", o.threads);
+  auto finite_positive = [](const char* flag, double v) {
+    if (!(std::isfinite(v) && v > 0)) throw tg::Error(flag, " must be a positive number, got ", v);
+  };
+  finite_positive("--lr", o.lr);
+  if (o.min_lr >= 0 || !std::isfinite(o.min_lr)) {  // -1 (the default) means lr / 10
+    if (!std::isfinite(o.min_lr)) throw tg::Error("--min-lr must be a non-negative number, got ", o.min_lr);
+    if (o.min_lr > o.lr)
+      throw tg::Error("--min-lr (", o.min_lr, ") must not exceed --lr (", o.lr, "): the learning rate would rise during the decay");
+  }
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0))
+    throw tg::Error("--weight-decay must be a non-negative number, got ", o.weight_decay);
+  if (!(std::isfinite(o.clip) && o.clip >= 0)) throw tg::Error("--clip must be a non-negative number (0: off), got ", o.clip);
+  finite_positive("--temperature", o.temperature);
+  if (!(o.dropout >= 0 && o.dropout < 1)) throw tg::Error("--dropout must be in [0, 1), got ", o.dropout);
+  if (!(o.val_fraction >= 0.001 && o.val_fraction <= 0.5))
+    throw tg::Error("--val-fraction must be in [0.001, 0.5], got ", o.val_fraction);
+  if (o.save_every > 0 && o.save_dir.empty()) throw tg::Error("--save-every needs --save-dir");
+  if (!o.init_from.empty() && !o.resume.empty())
+    throw tg::Error("--init-from and --resume exclude each other (a checkpoint holds the weights)");
+}
+
+/// A lower bound of the bytes a training step of `config` at `o`'s sizes needs on the CPU (Note [the
+/// trainer's guards]); the true figure is larger (attention scores, GEMM workspaces, the allocator's slack).
+template <class Options>
+std::int64_t training_bytes_lower_bound(const Options& o, const tg::nn::GPTConfig& c) {
+  const std::int64_t C = c.n_embd, V = c.vocab_size, L = c.n_layer;
+  const std::int64_t params = checked_mul(V + c.block_size, C, "the embedding size") + L * (12 * C * C + 13 * C) + 2 * C;
+  const std::int64_t state = checked_mul(params, 16, "the weight memory");  // weights, gradients, two Adam moments (fp32)
+  const std::int64_t tokens = checked_mul(o.batch, o.seq, "--batch x --seq");
+  const std::int64_t per_token = checked_mul(8, V, "the logits") + checked_mul(64, checked_mul(L, C, "the layer width"), "the activations");
+  const std::int64_t acts = checked_mul(tokens, per_token, "the activation memory (--batch x --seq)");
+  std::int64_t total = 0;
+  if (__builtin_add_overflow(state, acts, &total)) throw tg::Error("the run's memory overflows a 64-bit integer");
+  return total;
+}
+
+inline std::string gib(std::int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ll << 30));
+  return buf;
+}
+
+/// Throws before anything is allocated when the run cannot fit in the memory this process may use.
+template <class Options>
+void check_memory(const Options& o, const tg::nn::GPTConfig& c) {
+  if (o.device != "cpu") return;  // the GPU's own allocator reports a failed allocation with its size
+  const std::int64_t need = training_bytes_lower_bound(o, c), have = usable_memory_bytes();
+  if (need > have)
+    throw tg::Error("the run needs at least ", gib(need), " of memory (model ", o.model, ", --batch ", o.batch, " x --seq ", o.seq,
+                    ": weights, optimizer state, logits and activations), more than the ", gib(have),
+                    " this process may use; lower --batch or --seq");
+}
+
+/// A fresh run's id: 16 hex digits from the clock and the OS's entropy (Note [runs own their checkpoints]).
+inline std::string new_run_id() {
+  std::random_device rd;
+  const std::uint64_t t = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32 ^ rd()) ^ (t * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(::getpid());
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// The run's JSON-lines log (--log). Every line is written and flushed at once and checked: a failed write
+/// (a full disk, /dev/full) throws naming the file and the step, or, with `warn_only`, is reported once on
+/// stderr and ends the logging. A resumed run keeps the lines of steps up to `resume_step` and continues
+/// after them (lines of later steps, from the interrupted run, are dropped: the resumed run writes them anew).
+class RunLog {
+ public:
+  RunLog() = default;
+  RunLog(const std::string& path, std::int64_t resume_step, bool warn_only) : path_(path), warn_only_(warn_only) {
+    if (path.empty()) return;
+    if (resume_step > 0) keep_lines_up_to(resume_step);
+    f_ = std::fopen(path.c_str(), resume_step > 0 ? "a" : "w");
+    if (!f_) throw tg::Error("--log: cannot open '", path, "' for writing: ", std::strerror(errno));
+  }
+  RunLog(const RunLog&) = delete;
+  RunLog& operator=(const RunLog&) = delete;
+  ~RunLog() {
+    if (f_) std::fclose(f_);
+  }
+  bool is_open() const { return f_ != nullptr; }
+
+  /// Writes one line (a newline is added) for `step`.
+  void write(std::int64_t step, const std::string& line) {
+    if (!f_) return;
+    const bool ok = std::fputs(line.c_str(), f_) >= 0 && std::fputc('\n', f_) != EOF && std::fflush(f_) == 0;
+    if (ok) return;
+    const std::string why = std::strerror(errno);
+    std::fclose(f_);
+    f_ = nullptr;
+    if (!warn_only_)
+      throw tg::Error("--log: writing '", path_, "' failed at step ", step, ": ", why,
+                      " (--log-errors warn keeps training without the log)");
+    std::fprintf(stderr, "\nwarning: --log: writing '%s' failed at step %lld: %s; the log ends here, training goes on\n",
+                 path_.c_str(), static_cast<long long>(step), why.c_str());
+  }
+
+ private:
+  /// Rewrites the log with only its lines of steps <= `step` (atomically: a temporary, then rename).
+  void keep_lines_up_to(std::int64_t step) {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // no log yet (or a device): append
+    std::ifstream in(path_);
+    if (!in) throw tg::Error("--log: cannot read '", path_, "' to continue it: ", std::strerror(errno));
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      constexpr std::string_view key = "{\"step\":";
+      if (!line.starts_with(key)) continue;
+      std::int64_t s = 0;
+      auto [p, ec] = std::from_chars(line.data() + key.size(), line.data() + line.size(), s);
+      if (ec != std::errc() || s > step) continue;
+      kept += line;
+      kept += '\n';
+    }
+    const std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
+    FILE* out = std::fopen(tmp.c_str(), "w");
+    if (!out) throw tg::Error("--log: cannot rewrite '", path_, "' for the resumed run: ", std::strerror(errno));
+    const bool ok = std::fwrite(kept.data(), 1, kept.size(), out) == kept.size() && std::fflush(out) == 0;
+    const int err = errno;
+    std::fclose(out);
+    if (!ok || std::rename(tmp.c_str(), path_.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw tg::Error("--log: cannot rewrite '", path_, "' for the resumed run: ", std::strerror(ok ? errno : err));
+    }
+  }
+
+  std::string path_;
+  bool warn_only_ = false;
+  FILE* f_ = nullptr;
+};
+
+}  // namespace train_gpt
