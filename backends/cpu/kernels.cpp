@@ -3,6 +3,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
 
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
@@ -19,6 +23,7 @@ namespace tg::backend::cpu {
 
 namespace {
 constexpr std::int64_t kParallelGrain = 1 << 15;  // elements below which a loop stays on one thread
+constexpr const char* kSpinCount = "10000";        // Note [OpenMP on a shared machine]
 
 // Merges adjacent dims that are contiguous with each other on both sides, and drops size-1 dims.
 struct Coalesced {
@@ -126,7 +131,89 @@ void add_inplace(T* dst, const T* src, std::int64_t n) {
   }
 }
 
-void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
+// Note [OpenMP on a shared machine]
+// libgomp's idle workers spin before they sleep: GOMP_SPINCOUNT iterations of `pause`, 300,000 by default
+// when OMP_WAIT_POLICY is unset. Alone on a machine that hides the futex wake-up (about 60 us here); with
+// two programs on the same cores each spinning worker burns the time slice that the other program's
+// worker needs to reach its barrier, at every one of the thousands of parallel regions of a step, and both
+// collapse (two tiny-GPT trainers with --threads 2 on 2 cores: 4.7x slower each, where sharing the cores
+// costs 2x). So the library bounds the spin of its own pool to kSpinCount iterations unless the user
+// chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment; GOMP_SPINCOUNT=300000 restores
+// libgomp's default). libgomp reads the setting once, in its constructor, which runs before any
+// constructor of ours, and setenv() before it does not help: the executable's .preinit_array runs first,
+// but libc's own initialization then resets `environ` to the array the kernel passed. So the preinit
+// entry puts "GOMP_SPINCOUNT=<kSpinCount>" into that array's first slot, where libc and then libgomp find
+// it, and the first constructor of this file puts the original entry back, so the program and its
+// children see the environment they were given (the shared libraries' constructors in between see every
+// variable but that first one). omp_spin_bounded() tells whether it happened. Only an executable's
+// .preinit_array runs, so a program that loads typegrad as a shared library sets GOMP_SPINCOUNT itself.
+// The default thread count is what libgomp counts (the CPUs of the affinity mask), lowered to a cgroup's
+// CPU quota (cpu.max, rounded up) when that is smaller: a container limited to 2 CPUs on a 64-core host
+// runs 2 threads, not 64 that take turns.
+namespace {
+constexpr std::size_t kSpinEntryLength = 32;
+char g_spin_entry[kSpinEntryLength] = "GOMP_SPINCOUNT=";
+char** g_env_slot = nullptr;
+char* g_env_saved = nullptr;
+bool g_spin_bounded = false;
+
+void bound_openmp_spinning(int, char**, char** envp) {
+  if (envp == nullptr || envp[0] == nullptr) return;
+  for (char** e = envp; *e != nullptr; ++e)
+    if (std::strncmp(*e, "OMP_WAIT_POLICY=", 16) == 0 || std::strncmp(*e, "GOMP_SPINCOUNT=", 15) == 0) return;
+  std::strncat(g_spin_entry, kSpinCount, kSpinEntryLength - std::strlen(g_spin_entry) - 1);
+  g_env_slot = &envp[0];
+  g_env_saved = envp[0];
+  envp[0] = g_spin_entry;
+  g_spin_bounded = true;
+}
+
+// Among the executable's first constructors (priority 101): the environment as it was given.
+[[gnu::constructor(101)]] void restore_environment() {
+  if (g_env_slot != nullptr) *g_env_slot = g_env_saved;
+}
+}  // namespace
+
+bool omp_spin_bounded() { return g_spin_bounded; }
+}  // namespace tg::backend::cpu
+
+// The preinit entry (Note [OpenMP on a shared machine]).
+extern "C" {
+[[gnu::section(".preinit_array"), gnu::used]] void (*const tg_preinit_bound_openmp_spinning)(int, char**, char**) =
+    &tg::backend::cpu::bound_openmp_spinning;
+}
+
+namespace tg::backend::cpu {
+namespace {
+/// CPUs of the cgroup (v2 cpu.max, v1 cfs quota) quota, rounded up; 0 when there is none.
+int cgroup_cpu_quota() {
+  long long quota = -1, period = 0;
+  if (std::ifstream f("/sys/fs/cgroup/cpu.max"); f) {
+    std::string q;
+    if (f >> q >> period && q != "max") quota = std::atoll(q.c_str());
+  } else if (std::ifstream fq("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), fp("/sys/fs/cgroup/cpu/cpu.cfs_period_us"); fq && fp) {
+    fq >> quota;
+    fp >> period;
+  }
+  if (quota <= 0 || period <= 0) return 0;
+  return static_cast<int>((quota + period - 1) / period);
+}
+
+int default_threads() {
+  const int procs = omp_get_num_procs();  // the affinity mask's CPUs
+  const int quota = cgroup_cpu_quota();
+  return quota > 0 && quota < procs ? quota : procs;
+}
+
+// The default team size, once, unless the user chose one (OMP_NUM_THREADS).
+[[maybe_unused]] const bool kDefaultThreadsSet = [] {
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && default_threads() < omp_get_max_threads())
+    omp_set_num_threads(default_threads());
+  return true;
+}();
+}  // namespace
+
+void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : default_threads()); }
 int num_threads() { return omp_get_max_threads(); }
 
 #define TG_COPY_FROM(S)                                                                               \

@@ -104,7 +104,8 @@ void validate_options(const Options& o) {
   // Tokens over the whole run (the progress line's count) must fit too.
   checked_mul(checked_mul(tokens, o.grad_accum, "--batch x --seq x --grad-accum"), o.steps,
               "the run's token count (--batch x --seq x --grad-accum x --steps)");
-  non_negative("--warmup", o.warmup, o.steps - 1);
+  if (o.warmup < 0 || o.warmup >= o.steps)
+    throw tg::Error("--warmup must be from 0 to below --steps (", o.steps, "), got ", o.warmup);
   non_negative("--eval-every", o.eval_every, kMaxSteps);
   positive("--eval-batches", o.eval_batches, std::int64_t{1} << 20);
   non_negative("--sample-every", o.sample_every, kMaxSteps);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -377,6 +378,10 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   run_id = r.run_id;  // "" for a checkpoint saved before run ids: the run goes on owning the files without one
   std::printf("resumed from %s at step %lld of %lld (run %s)\n", path.c_str(), static_cast<long long>(r.step),
               static_cast<long long>(o.steps), r.run_id.empty() ? "without an id, saved before run ids" : r.run_id.c_str());
+  if (std::filesystem::is_directory(o.resume))
+    if (const auto others = tg::io::CheckpointDir(o.resume).other_runs(r.run_id); !others.empty())
+      std::printf("note: %s also holds %zu checkpoint(s) of other runs (the newest: %s); this run is %s\n", o.resume.c_str(),
+                  others.size(), others.back().second.c_str(), r.run_id.empty() ? "the one without an id" : r.run_id.c_str());
   if (r.step == o.steps) std::printf("note: the checkpoint is at the last step (--steps %lld): nothing left to train\n", static_cast<long long>(o.steps));
   return r.step;
 }

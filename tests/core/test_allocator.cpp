@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 #include <typegrad/config.hpp>
 
+#include <omp.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "typegrad/typegrad.hpp"
@@ -221,3 +226,42 @@ TEST(CachingHostAllocator, PeakMeasuresAGraph) {
 }
 
 }  // namespace
+
+// Note [OpenMP on a shared machine] (backends/cpu/kernels.cpp): the library bounds libgomp's spinning
+// before libgomp reads its settings, unless the environment the program started with chose a policy.
+namespace {
+std::string initial_env(const std::string& key) {  // the environment at exec, before any setenv
+  std::ifstream f("/proc/self/environ", std::ios::binary);
+  std::string entry;
+  while (std::getline(f, entry, '\0'))
+    if (entry.starts_with(key + "=")) return entry.substr(key.size() + 1);
+  return "(unset)";
+}
+}  // namespace
+
+TEST(CpuThreads, OpenmpSpinningIsBoundedUnlessTheUserChoseAndTheEnvironmentIsKept) {
+  const std::string at_exec = initial_env("GOMP_SPINCOUNT"), policy = initial_env("OMP_WAIT_POLICY");
+  EXPECT_EQ(tg::backend::cpu::omp_spin_bounded(), at_exec == "(unset)" && policy == "(unset)");
+  // The program sees the environment it was given: the library's entry was for libgomp alone.
+  const char* now = std::getenv("GOMP_SPINCOUNT");
+  EXPECT_EQ(now ? std::string(now) : std::string("(unset)"), at_exec);
+  std::ifstream f("/proc/self/environ", std::ios::binary);
+  std::string first;
+  std::getline(f, first, '\0');
+  if (!first.empty()) {
+    const std::string key = first.substr(0, first.find('='));
+    const char* v = std::getenv(key.c_str());
+    ASSERT_NE(v, nullptr) << "the environment's first variable " << key << " was not put back";
+    EXPECT_EQ(key + "=" + v, first);
+  }
+}
+
+TEST(CpuThreads, DefaultThreadCountIsWithinTheAffinityMask) {
+  const int before = tg::backend::cpu::num_threads();
+  tg::backend::cpu::set_num_threads(0);
+  const int def = tg::backend::cpu::num_threads();
+  EXPECT_GE(def, 1);
+  EXPECT_LE(def, omp_get_num_procs());
+  tg::backend::cpu::set_num_threads(before);
+  EXPECT_EQ(tg::backend::cpu::num_threads(), before);
+}

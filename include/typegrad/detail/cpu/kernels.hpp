@@ -26,9 +26,13 @@ void random_normal(T* dst, std::int64_t n, std::uint64_t seed, std::uint64_t off
 template <class T>
 void arange(T* dst, std::int64_t n, double start, double step);
 
-/// Sets the number of OpenMP threads every CPU kernel uses; 0 restores the default.
+/// Sets the number of OpenMP threads every CPU kernel uses; 0 restores the default: the CPUs of the
+/// affinity mask, or the cgroup's CPU quota when lower (Note [OpenMP on a shared machine], kernels.cpp).
 void set_num_threads(int n);
 int num_threads();
+/// Whether the library bounded libgomp's spinning at start-up (no OMP_WAIT_POLICY / GOMP_SPINCOUNT given;
+/// Note [OpenMP on a shared machine]).
+bool omp_spin_bounded();
 
 }  // namespace tg::backend::cpu
 
