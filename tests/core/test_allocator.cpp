@@ -265,3 +265,24 @@ TEST(CpuThreads, DefaultThreadCountIsWithinTheAffinityMask) {
   tg::backend::cpu::set_num_threads(before);
   EXPECT_EQ(tg::backend::cpu::num_threads(), before);
 }
+
+// An allocation that cannot be met is a tg::Error naming the tensor and the bytes, never an abort.
+TEST(CpuAllocator, FailedAllocationIsAnErrorNamingTheTensorAndBytes) {
+  const std::int64_t in_use = tg::allocator<tg::cpu>().stats().bytes_in_use;
+  try {
+    (void)tg::Tensor<tg::fp32>::empty({std::int64_t{1} << 28, std::int64_t{1} << 30});  // 2^60 bytes
+    ADD_FAILURE() << "no error";
+  } catch (const tg::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("Tensor<fp32>::empty([268435456,1073741824]), 1152921504606846976 bytes: cpu allocator: out of memory"),
+              std::string::npos) << m;
+  }
+  EXPECT_THROW((void)tg::Tensor<tg::fp32>::empty({std::int64_t{1} << 40, std::int64_t{1} << 40}), tg::Error);  // overflows
+  try {
+    (void)tg::Tensor<tg::fp64>::empty({std::int64_t{1} << 31, std::int64_t{1} << 31, 4});
+    ADD_FAILURE() << "no error";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs more than 2^62 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tg::allocator<tg::cpu>().stats().bytes_in_use, in_use);  // nothing leaked or counted
+}

@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <ostream>
 #include <span>
 #include <type_traits>
@@ -54,9 +55,25 @@ class Tensor {
   // ---- factories -------------------------------------------------------------------------------
   /// Uninitialized contiguous tensor.
   static Tensor empty(const Shape& shape) {
-    for (auto d : shape) TG_CHECK(d >= 0, "Tensor::empty: negative dimension in shape ", shape);
+    // The byte count is checked before it is computed (a product past 2^62 bytes is no request memory can
+    // meet), and a failed allocation names the tensor it was for.
+    constexpr std::int64_t kMaxBytes = std::int64_t{1} << 62;
+    std::int64_t n = 1;
+    for (auto d : shape) {
+      TG_CHECK(d >= 0, "Tensor::empty: negative dimension in shape ", shape);
+      if (__builtin_mul_overflow(n, d, &n) || n > kMaxBytes / static_cast<std::int64_t>(sizeof(T)))
+        throw Error("Tensor<", dtype_traits<T>::name, ">::empty: shape ", shape, " needs more than 2^62 bytes");
+    }
     Tensor t;
-    t.storage_ = Storage::allocate<D>(static_cast<std::size_t>(shape.numel()) * sizeof(T));
+    try {
+      t.storage_ = Storage::allocate<D>(static_cast<std::size_t>(n) * sizeof(T));
+    } catch (const Error& e) {
+      throw Error("Tensor<", dtype_traits<T>::name, ">::empty(", shape, "), ", n * static_cast<std::int64_t>(sizeof(T)),
+                  " bytes: ", e.what());
+    } catch (const std::bad_alloc&) {
+      throw Error("Tensor<", dtype_traits<T>::name, ">::empty(", shape, "): out of memory allocating ",
+                  n * static_cast<std::int64_t>(sizeof(T)), " bytes");
+    }
     t.sizes_ = shape;
     t.strides_ = contiguous_strides(shape);
     return t;
