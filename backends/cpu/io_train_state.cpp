@@ -502,7 +502,7 @@ ResumeChoice choose_resume(const std::string& dir_or_file, bool fallback_to_inta
   ResumeChoice choice;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      read_train_state_record(it->second);  // format, state checksum, every tensor's checksum
+      choice.record = read_train_state_record(it->second);  // format, state checksum, every tensor's checksum
       choice.path = it->second;
       return choice;
     } catch (const Error& e) {

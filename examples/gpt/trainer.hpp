@@ -353,7 +353,7 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   for (const auto& [bad_path, why] : choice.skipped)
     std::printf("warning: --resume-fallback: passing over the damaged %s: %s\n", bad_path.c_str(), why.c_str());
   const std::string& path = choice.path;
-  const tg::io::TrainStateRecord probe = tg::io::read_train_state_record(path);
+  const tg::io::TrainStateRecord probe = choice.record ? *choice.record : tg::io::read_train_state_record(path);
   validate_resume_record(o, path, probe, s);  // before anything changes
   tg::io::TrainStateRecord r;
   try {

@@ -142,6 +142,106 @@ TEST(CheckpointDir, keeps_the_last_k_and_ignores_temporaries) {
   fs::remove_all(dir);
 }
 
+// Note [runs own their checkpoints]: keep-last-K counts and deletes only the saving run's checkpoints,
+// a save never replaces another run's file, and other_runs / checkpoint_run_id tell the runs apart.
+TEST(CheckpointDir, keep_deletes_only_the_saving_runs_checkpoints) {
+  const fs::path dir = fresh_dir("owners");
+  TinyRun old_run({.steps = 8, .grad_accum = 1}), new_run({.steps = 8, .grad_accum = 1});
+  tg::io::CheckpointDir d(dir.string(), 2);
+  auto save_as = [&](TinyRun& run, const std::string& id) {
+    tg::io::TrainStateRecord r = run.record();
+    r.run_id = id;
+    return d.save(run.params(), run.optimizer(), r);
+  };
+  for (int s = 0; s < 8; ++s) {  // the old run: steps 1..8, keeps 7 and 8
+    old_run.train_step();
+    if (s >= 4) save_as(old_run, "old");
+  }
+  for (int s = 0; s < 3; ++s) {  // the new run: steps 1..3, keeps 2 and 3; the old run's stay
+    new_run.train_step();
+    save_as(new_run, "new");
+  }
+  std::vector<std::int64_t> steps;
+  for (const auto& [step, path] : d.list()) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<std::int64_t>{2, 3, 7, 8}));
+  EXPECT_EQ(tg::io::checkpoint_run_id(d.path_for(8)), std::optional<std::string>("old"));
+  EXPECT_EQ(tg::io::checkpoint_run_id(d.path_for(3)), std::optional<std::string>("new"));
+  EXPECT_EQ(d.other_runs("new").size(), 2u);
+  EXPECT_EQ(d.other_runs("old").size(), 2u);
+  EXPECT_EQ(d.other_runs("other").size(), 4u);
+  // Saving step 7 as the new run would replace the old run's file: refused, the file unchanged.
+  const auto before = fs::file_size(d.path_for(7));
+  for (int s = 0; s < 4; ++s) new_run.train_step();
+  try {
+    save_as(new_run, "new");
+    ADD_FAILURE() << "the old run's checkpoint was replaced";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to another run (run old); not replacing it"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tg::io::checkpoint_run_id(d.path_for(7)), std::optional<std::string>("old"));
+  EXPECT_EQ(fs::file_size(d.path_for(7)), before);
+  // A file that is not a checkpoint has no run; one without an id (older files) has the empty one.
+  std::ofstream(dir / "ckpt-00000099.safetensors") << "not a checkpoint";
+  EXPECT_EQ(tg::io::checkpoint_run_id((dir / "ckpt-00000099.safetensors").string()), std::nullopt);
+  tg::io::TrainStateRecord legacy = old_run.record();
+  legacy.run_id.clear();
+  tg::io::save_train_state((dir / "legacy.safetensors").string(), old_run.params(), old_run.optimizer(), legacy);
+  EXPECT_EQ(tg::io::checkpoint_run_id((dir / "legacy.safetensors").string()), std::optional<std::string>(""));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointDir, resume_choice_verifies_and_falls_back_only_when_asked) {
+  const fs::path dir = fresh_dir("fallback");
+  TinyRun run({.steps = 3, .grad_accum = 1});
+  tg::io::CheckpointDir d(dir.string());
+  for (int s = 0; s < 3; ++s) {
+    run.train_step();
+    run.save(d);
+  }
+  {  // damage the newest: one byte of its tensor data
+    std::fstream f(d.path_for(3), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-3, std::ios::end);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  try {
+    tg::io::choose_resume(dir.string());
+    ADD_FAILURE() << "a damaged newest checkpoint was chosen";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is damaged"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(d.path_for(3)), std::string::npos) << e.what();
+  }
+  const tg::io::ResumeChoice c = tg::io::choose_resume(dir.string(), /*fallback_to_intact=*/true);
+  EXPECT_EQ(c.path, d.path_for(2));
+  ASSERT_EQ(c.skipped.size(), 1u);
+  EXPECT_EQ(c.skipped[0].first, d.path_for(3));
+  ASSERT_TRUE(c.record.has_value());
+  EXPECT_EQ(c.record->step, 2);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointDir, stale_temporaries_of_dead_writers_go_live_ones_stay) {
+  const fs::path dir = fresh_dir("temps");
+  tg::io::CheckpointDir d(dir.string());
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // a pid whose process is gone
+  const fs::path dead = dir / (".ckpt-00000004.safetensors.tmp-" + std::to_string(child) + "-1");
+  const fs::path live = dir / (".ckpt-00000004.safetensors.tmp-" + std::to_string(::getppid()) + "-1");
+  std::ofstream(dead) << "partial";
+  std::ofstream(live) << "partial";
+  EXPECT_EQ(d.remove_stale_temporaries(), 1);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  d.check_writable();
+  EXPECT_THROW(tg::io::CheckpointDir(live.string()), tg::Error);  // a regular file is no save directory
+  fs::remove_all(dir);
+}
+
 // ---- SIGKILL tests -----------------------------------------------------------------------------------
 #ifndef TG_CKPT_CHILD
 #error "TG_CKPT_CHILD (the path of tg_ckpt_child) must be defined by the build"

@@ -157,6 +157,7 @@ class CheckpointDir {
 struct ResumeChoice {
   std::string path;
   std::vector<std::pair<std::string, std::string>> skipped;
+  std::optional<TrainStateRecord> record;  ///< the chosen checkpoint's record, when it was verified here (a directory)
 };
 
 /// --resume's argument: a checkpoint file as is, or a directory's newest checkpoint, verified (format,
