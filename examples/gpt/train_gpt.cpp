@@ -53,8 +53,9 @@ int run_policy(Options o) {
   tg::optim::GradAccumRuntime accum(o.grad_accum);
   tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
   double loss_ema = 0;
-  std::int64_t tokens_done = 0, nonfinite_skipped = 0;
-  const LoopState loop_state{schedule, sampler, init_gen, dropout_gen, sample_gen, accum, loss_ema, tokens_done, nonfinite_skipped};
+  std::int64_t tokens_done = 0, nonfinite_skipped = 0, trained_positions = o.seq;  // Note [trained positions]
+  const LoopState loop_state{schedule,    sampler,     init_gen,          dropout_gen,      sample_gen,
+                             accum,       loss_ema,    tokens_done,       nonfinite_skipped, trained_positions};
   if (!o.init_from.empty()) {
     try {
       tg::io::load_weights(o.init_from, params, {.allow_non_finite = o.allow_nonfinite_weights});
@@ -73,7 +74,7 @@ int run_policy(Options o) {
   }
 
   Run r{o, tok, ds, config, params, *opt, schedule, accum, sampler, dropout_gen, sample_gen, loop_state, ckpts,
-        loss_ema, tokens_done, nonfinite_skipped, start_step};
+        loss_ema, tokens_done, nonfinite_skipped, trained_positions, start_step};
   if (o.device == "cuda") return train_on_cuda<Policy>(r, model, saved_scaler);
   tg::amp::MixedPrecision<Policy> amp(params, *opt);  // policy, its default loss scaler, per-step weight copies (of the loaded masters)
   restore_scaler_or_warn(amp.scaler, saved_scaler);

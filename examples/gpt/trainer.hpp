@@ -186,14 +186,24 @@ double evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_
   return total / static_cast<double>(n);
 }
 
-/// Autoregressive sampling with temperature and top-k from the model's next-token distribution.
+// Note [trained positions]
+// A model is built with block_size = max(the preset's, --seq) positions, but a run trains only positions
+// 0 .. --seq - 1: the rest keep their random initial embeddings, and a sample whose window reaches them
+// degrades into noise there (a tiny GPT trained at --seq 64 sampled with its 128-position window did, past
+// character 64). So the trainer counts the positions training reached (the largest --seq of the run,
+// across resumes: "trained_positions" in the checkpoint's state), prints it in the header, and samples
+// over a sliding window of at most that many positions.
+
+/// Autoregressive sampling with temperature and top-k from the model's next-token distribution, over a
+/// sliding window of at most `window` positions: the positions training reached (Note [trained positions]).
 template <class Model>
 std::string generate(const Model& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
-                     std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen) {
+                     std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen, std::int64_t window) {
   tg::NoGrad no_grad;
   std::vector<std::int32_t> ids = tok.encode(prompt);
   if (ids.empty()) ids.push_back(static_cast<std::int32_t>('\n'));
-  const std::int64_t block = model.config().block_size, V = model.config().vocab_size;
+  TG_CHECK(window >= 1, "generate: the window must be at least 1 position, got ", window);
+  const std::int64_t block = std::min(model.config().block_size, window), V = model.config().vocab_size;
   for (std::int64_t s = 0; s < tokens; ++s) {
     const std::int64_t start = std::max<std::int64_t>(0, static_cast<std::int64_t>(ids.size()) - block);
     const std::int64_t T = static_cast<std::int64_t>(ids.size()) - start;
@@ -266,6 +276,7 @@ struct LoopState {
   double& loss_ema;
   std::int64_t& tokens_done;
   std::int64_t& nonfinite_skipped;  // steps skipped under --on-nonfinite skip (the run's total, across resumes)
+  std::int64_t& trained_positions;  // Note [trained positions]
 };
 
 inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::int64_t step, const std::vector<tg::optim::Param>& params,
@@ -278,7 +289,8 @@ inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::i
                   {"sample", tg::io::record_of(s.sample_gen)}};
   r.grad_accum = tg::io::GradAccumRecord{s.accum.n(), s.accum.micro_index(), s.accum.steps()};
   r.scalars = {{"loss_ema", s.loss_ema}, {"tokens_done", static_cast<double>(s.tokens_done)},
-               {"nonfinite_skipped", static_cast<double>(s.nonfinite_skipped)}};
+               {"nonfinite_skipped", static_cast<double>(s.nonfinite_skipped)},
+               {"trained_positions", static_cast<double>(s.trained_positions)}};
   r.scaler = scaler;
   r.config_json = run_config_json(o);
   r.run_id = o.run_id;
@@ -337,6 +349,7 @@ inline void validate_resume_record(const Options& o, const std::string& path, co
     bad("inconsistent counters: step ", r.step, " is not the ", r.schedule_step, " steps taken plus the ",
         skipped_scaler + skipped_nonfinite, " skipped");
   if (auto v = scalar("loss_ema"); v && !std::isfinite(*v)) bad("state field 'loss_ema' is ", *v);
+  if (auto v = scalar("trained_positions")) count_field(path, "trained_positions", *v);
 }
 
 /// Loads --resume into the model and optimizer, restores the loop's positions and hands back the loss
@@ -374,6 +387,8 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   if (auto it = r.scalars.find("loss_ema"); it != r.scalars.end()) s.loss_ema = it->second;
   if (auto it = r.scalars.find("tokens_done"); it != r.scalars.end()) s.tokens_done = static_cast<std::int64_t>(it->second);
   if (auto it = r.scalars.find("nonfinite_skipped"); it != r.scalars.end()) s.nonfinite_skipped = static_cast<std::int64_t>(it->second);
+  if (auto it = r.scalars.find("trained_positions"); it != r.scalars.end())  // positions an earlier --seq reached
+    s.trained_positions = std::max(s.trained_positions, static_cast<std::int64_t>(it->second));
   scaler = r.scaler;
   run_id = r.run_id;  // "" for a checkpoint saved before run ids: the run goes on owning the files without one
   std::printf("resumed from %s at step %lld of %lld (run %s)\n", path.c_str(), static_cast<long long>(r.step),
@@ -428,6 +443,7 @@ struct Run {
   double& loss_ema;
   std::int64_t& tokens_done;
   std::int64_t& nonfinite_skipped;
+  std::int64_t& trained_positions;
   std::int64_t start_step;
 };
 
@@ -449,6 +465,8 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   double& loss_ema = r.loss_ema;
   std::int64_t& tokens_done = r.tokens_done;
   std::int64_t& nonfinite_skipped = r.nonfinite_skipped;
+  // Note [trained positions]: samples never use a position that no training step reached.
+  const std::int64_t window = std::min(config.block_size, r.trained_positions);
   const std::int64_t start_step = r.start_step;
   RunLog log(o.log, start_step, o.log_errors == "warn");  // a resumed run continues its log after start_step
   accum.on_non_finite(o.on_nonfinite == "skip" ? tg::optim::OnNonFinite::skip : tg::optim::OnNonFinite::stop);
@@ -463,7 +481,9 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
               (long long)config.block_size, (long long)config.vocab_size, tg::nn::count_parameters(params) / 1e6,
               o.optimizer.c_str(), o.schedule.c_str(), o.lr, (long long)o.batch, (long long)o.seq, (long long)o.grad_accum,
               where.c_str());
-  std::printf("device %s | activation checkpointing: %s\n", o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()));
+  std::printf("device %s | activation checkpointing: %s | positions trained: %lld of %lld (samples use a window of %lld)\n",
+              o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()), (long long)r.trained_positions,
+              (long long)config.block_size, (long long)window);
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
   std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
   std::fflush(stdout);  // the header before the first evaluation, which takes a while on a large model
@@ -525,7 +545,7 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     }
     if (o.sample_every > 0 && step % o.sample_every == 0 && step != o.steps)
       std::printf("%s--- sample at step %lld ---\n%s\n---\n", tty ? "\n" : "", (long long)step,
-                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen).c_str());
+                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen, window).c_str());
     if (log.is_open()) {
       std::ostringstream l;
       l << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
@@ -542,8 +562,9 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
-  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen);
-  std::printf("\n--- sample (temperature %.2f, top-k %lld) ---\n%s\n---\n", o.temperature, (long long)o.top_k, sample.c_str());
+  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen, window);
+  std::printf("\n--- sample (temperature %.2f, top-k %lld, window %lld positions) ---\n%s\n---\n", o.temperature,
+              (long long)o.top_k, (long long)window, sample.c_str());
   const auto mem = tg::allocator<D>().stats();
   std::printf("\nsummary\n");
   std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
