@@ -12,6 +12,7 @@
 #include "gemm_packed.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/cpu_features.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/gemm.hpp"
 
 namespace tg::backend::cpu {
@@ -108,6 +109,7 @@ packed::GemmBlocking gemm_blocking() {
 /// Threads for one GEMM: 1 inside a parallel region or below ~4 MFLOP, else about one per 2 MFLOP.
 int gemm_threads(std::int64_t M, std::int64_t N, std::int64_t K) {
   if (omp_in_parallel()) return 1;
+  adapt_threads();  // Note [threads under contention]
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int max_threads = omp_get_max_threads();
   if (max_threads <= 1 || flops < 4.0e6) return 1;

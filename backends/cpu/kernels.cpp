@@ -2,8 +2,16 @@
 // One OpenMP pool for everything (PEERS.md: two spinning pools cost PyTorch a third of its step).
 #include <omp.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -142,10 +150,10 @@ void add_inplace(T* dst, const T* src, std::int64_t n) {
 // libgomp's default). libgomp reads the setting once, in its constructor, which runs before any
 // constructor of ours, and setenv() before it does not help: the executable's .preinit_array runs first,
 // but libc's own initialization then resets `environ` to the array the kernel passed. So the preinit
-// entry puts "GOMP_SPINCOUNT=<kSpinCount>" into that array's first slot, where libc and then libgomp find
-// it, and the first constructor of this file puts the original entry back, so the program and its
-// children see the environment they were given (the shared libraries' constructors in between see every
-// variable but that first one). omp_spin_bounded() tells whether it happened. Only an executable's
+// entry lends one slot of that array to "GOMP_SPINCOUNT=<kSpinCount>" (a slot of a variable no runtime
+// reads at start-up, such as the shell's "_"), where libc and then libgomp find it, and a constructor of
+// priority 101 puts the original entry back, so the program and its children see the environment they
+// were given (the shared libraries' constructors in between miss only the lent variable). omp_spin_bounded() tells whether it happened. Only an executable's
 // .preinit_array runs, so a program that loads typegrad as a shared library sets GOMP_SPINCOUNT itself.
 // The default thread count is what libgomp counts (the CPUs of the affinity mask), lowered to a cgroup's
 // CPU quota (cpu.max, rounded up) when that is smaller: a container limited to 2 CPUs on a 64-core host
@@ -157,14 +165,29 @@ char** g_env_slot = nullptr;
 char* g_env_saved = nullptr;
 bool g_spin_bounded = false;
 
+bool starts_with(const char* s, const char* prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
+
 void bound_openmp_spinning(int, char**, char** envp) {
-  if (envp == nullptr || envp[0] == nullptr) return;
+  if (envp == nullptr) return;
   for (char** e = envp; *e != nullptr; ++e)
-    if (std::strncmp(*e, "OMP_WAIT_POLICY=", 16) == 0 || std::strncmp(*e, "GOMP_SPINCOUNT=", 15) == 0) return;
+    if (starts_with(*e, "OMP_WAIT_POLICY=") || starts_with(*e, "GOMP_SPINCOUNT=")) return;
+  // The slot to lend: a variable no runtime reads at start-up (a shell's bookkeeping first), never one of
+  // the OpenMP, loader, allocator, locale or GPU runtimes' own.
+  char** slot = nullptr;
+  for (char** e = envp; *e != nullptr && slot == nullptr; ++e)
+    for (const char* name : {"_=", "OLDPWD=", "SHLVL=", "PWD=", "HOSTNAME=", "TERM=", "SHELL=", "LOGNAME=", "USER="})
+      if (starts_with(*e, name)) slot = e;
+  for (char** e = envp; *e != nullptr && slot == nullptr; ++e) {
+    bool risky = false;
+    for (const char* p : {"OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "GLIBC_", "CUDA", "NCCL", "NVIDIA", "LC_", "LANG", "TZ"})
+      risky = risky || starts_with(*e, p);
+    if (!risky) slot = e;
+  }
+  if (slot == nullptr) return;
   std::strncat(g_spin_entry, kSpinCount, kSpinEntryLength - std::strlen(g_spin_entry) - 1);
-  g_env_slot = &envp[0];
-  g_env_saved = envp[0];
-  envp[0] = g_spin_entry;
+  g_env_slot = slot;
+  g_env_saved = *slot;
+  *slot = g_spin_entry;
   g_spin_bounded = true;
 }
 
@@ -200,10 +223,29 @@ int cgroup_cpu_quota() {
 }
 
 int default_threads() {
-  const int procs = omp_get_num_procs();  // the affinity mask's CPUs
-  const int quota = cgroup_cpu_quota();
-  return quota > 0 && quota < procs ? quota : procs;
+  static const int n = [] {
+    const int procs = omp_get_num_procs();  // the affinity mask's CPUs
+    const int quota = cgroup_cpu_quota();
+    return quota > 0 && quota < procs ? quota : procs;
+  }();
+  return n;
 }
+
+// Note [threads under contention]
+// Bounded spinning (Note [OpenMP on a shared machine]) stops a waiting worker from stealing the core, but
+// a team of 2 on 2 cores that shares them with another busy program still pays a futex wake-up (~60 us)
+// at nearly every one of a step's thousands of short parallel regions, because its two threads are rarely
+// on the cores together: two tiny-GPT trainers measured 4.8x slower each. A team no larger than the cores
+// left free degrades as it should (each program gets its share). So when the team size is the library's
+// default (no OMP_NUM_THREADS, no set_num_threads(n > 0): those pin it), adapt_threads(), called at each
+// GEMM's start outside parallel regions, re-counts at most every 100 ms the runnable threads of other
+// programs: /proc/loadavg's running count less this process's own running threads (/proc/self/task/*/stat),
+// smoothed, and sets the team to the default less that count, at least 1. It only runs where that count
+// describes our CPUs: the affinity mask holds every online CPU and no cgroup quota applies (in a container
+// pinned to some of a host's CPUs /proc/loadavg counts the whole host). GEMM results do not depend on the
+// team size; a few fp64 reductions (the global gradient norm) round differently with another team, so a
+// run that must repeat bit for bit on a busy machine pins its thread count.
+std::atomic<bool> g_auto_threads{std::getenv("OMP_NUM_THREADS") == nullptr};
 
 // The default team size, once, unless the user chose one (OMP_NUM_THREADS).
 [[maybe_unused]] const bool kDefaultThreadsSet = [] {
@@ -211,9 +253,72 @@ int default_threads() {
     omp_set_num_threads(default_threads());
   return true;
 }();
+
+/// Threads of this process in state R (running or runnable).
+int own_running_threads() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char path[64];
+      std::snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+      if (FILE* f = std::fopen(path, "r")) {
+        char buf[256];
+        const std::size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+        std::fclose(f);
+        buf[got] = '\0';
+        const char* close = std::strrchr(buf, ')');  // "tid (comm) S ..."
+        if (close != nullptr && close[1] == ' ' && close[2] == 'R') ++n;
+      }
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// Runnable threads system-wide (the numerator of /proc/loadavg's fourth field), or -1.
+int system_running_threads() {
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return -1;
+  double a, b, c;
+  int running = -1, total = 0;
+  if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5) running = -1;
+  std::fclose(f);
+  return running;
+}
 }  // namespace
 
-void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : default_threads()); }
+int team_for_load(int default_team, double other_running) {
+  const int busy = static_cast<int>(std::lround(std::max(0.0, other_running)));
+  return std::clamp(default_team - busy, 1, std::max(1, default_team));
+}
+
+void adapt_threads() {
+  if (!g_auto_threads.load(std::memory_order_relaxed) || omp_in_parallel()) return;
+  static const bool whole_machine = [] {
+    return omp_get_num_procs() == static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) && cgroup_cpu_quota() == 0;
+  }();
+  if (!whole_machine) return;
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point last{};
+  static double others_ema = 0;
+  std::unique_lock lock(mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last < std::chrono::milliseconds(100)) return;
+  last = now;
+  const int system = system_running_threads();
+  if (system < 0) return;
+  const int others = std::max(0, system - own_running_threads());
+  others_ema = 0.5 * others_ema + 0.5 * others;
+  const int team = team_for_load(default_threads(), others_ema);
+  if (team != omp_get_max_threads()) omp_set_num_threads(team);
+}
+
+void set_num_threads(int n) {
+  g_auto_threads.store(n <= 0, std::memory_order_relaxed);  // Note [threads under contention]
+  omp_set_num_threads(n > 0 ? n : default_threads());
+}
 int num_threads() { return omp_get_max_threads(); }
 
 #define TG_COPY_FROM(S)                                                                               \

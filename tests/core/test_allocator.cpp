@@ -246,14 +246,34 @@ TEST(CpuThreads, OpenmpSpinningIsBoundedUnlessTheUserChoseAndTheEnvironmentIsKep
   const char* now = std::getenv("GOMP_SPINCOUNT");
   EXPECT_EQ(now ? std::string(now) : std::string("(unset)"), at_exec);
   std::ifstream f("/proc/self/environ", std::ios::binary);
-  std::string first;
-  std::getline(f, first, '\0');
-  if (!first.empty()) {
-    const std::string key = first.substr(0, first.find('='));
+  std::string entry;
+  int checked = 0;
+  while (std::getline(f, entry, '\0')) {  // every variable given at exec is there, with its value
+    const std::string key = entry.substr(0, entry.find('='));
     const char* v = std::getenv(key.c_str());
-    ASSERT_NE(v, nullptr) << "the environment's first variable " << key << " was not put back";
-    EXPECT_EQ(key + "=" + v, first);
+    ASSERT_NE(v, nullptr) << "the variable " << key << " was not put back";
+    EXPECT_EQ(key + "=" + v, entry);
+    ++checked;
   }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(CpuThreads, TeamForLoadLeavesOtherProgramsTheirCpus) {
+  using tg::backend::cpu::team_for_load;
+  EXPECT_EQ(team_for_load(2, 0.0), 2);   // alone
+  EXPECT_EQ(team_for_load(2, 0.4), 2);   // noise
+  EXPECT_EQ(team_for_load(2, 1.0), 1);   // another busy program
+  EXPECT_EQ(team_for_load(2, 3.0), 1);   // three: never below one
+  EXPECT_EQ(team_for_load(16, 5.0), 11);
+  EXPECT_EQ(team_for_load(1, 0.0), 1);
+}
+
+TEST(CpuThreads, PinnedTeamIsNotAdapted) {
+  const int before = tg::backend::cpu::num_threads();
+  tg::backend::cpu::set_num_threads(3);
+  tg::backend::cpu::adapt_threads();
+  EXPECT_EQ(tg::backend::cpu::num_threads(), 3);
+  tg::backend::cpu::set_num_threads(before);
 }
 
 TEST(CpuThreads, DefaultThreadCountIsWithinTheAffinityMask) {
