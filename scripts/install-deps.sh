@@ -12,7 +12,7 @@ PACKAGES=(
   fortunes                                    # a small text corpus for the examples and data tests
   python3-torch python3-numpy                 # reference values (tests/reference, benchmarks)
   libopenblas0-pthread                        # an optimized BLAS for PyTorch (else netlib BLAS at 1-5 GFLOP/s)
-  clang libclang-rt-14-dev                    # second compiler, sanitizer runtimes, libFuzzer (tests/io/fuzz)
+  clang libclang-rt-14-dev libomp-dev         # second compiler, sanitizer runtimes, libFuzzer, clang OpenMP (tests/io/fuzz)
 )
 
 missing=()

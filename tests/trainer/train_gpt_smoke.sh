@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# A short end-to-end smoke test of train_gpt, sized for the sanitizer stage (scripts/sanitize.sh runs it
+# under ASan + UBSan; it runs in the release suite too): a few tiny steps in fp32, bf16 and fp16 (with
+# accumulation, dropout, activation checkpointing), a --save-dir / --resume round trip (the resumed steps
+# log the same losses), --init-from, and bad inputs (missing, corrupt or truncated checkpoints, a file that
+# is not a checkpoint, bad flags), each of which must end with a clear error: an exit code 1 or 2, a
+# message, and no sanitizer report.
+#   tests/trainer/train_gpt_smoke.sh build/asan/examples/gpt/train_gpt /tmp/work
+set -euo pipefail
+T=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+W=$2
+rm -rf "$W" && mkdir -p "$W" && cd "$W"
+export OMP_NUM_THREADS=1
+if [ ! -d /usr/share/games/fortunes ]; then echo "SKIP: no fortunes corpus (package fortunes)"; exit 77; fi
+C=(--batch 2 --seq 16 --warmup 0 --eval-every 0 --eval-batches 1 --sample-tokens 4)
+
+# A sanitizer report in a log fails the test whatever the exit code was.
+no_report() {
+  if grep -qE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|SUMMARY: (Address|Undefined|Leak)" "$@"; then
+    echo "FAIL: sanitizer report in $*"
+    cat "$@"
+    exit 1
+  fi
+}
+ok() {  # ok <name> <args...>: runs train_gpt, which must succeed
+  local name=$1 rc=0
+  shift
+  "$T" "$@" >"$name.out" 2>"$name.err" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "FAIL: train_gpt $* exited with $rc"
+    cat "$name.out" "$name.err"
+    exit 1
+  fi
+  no_report "$name.out" "$name.err"
+}
+fails() {  # fails <name> <pattern> <args...>: train_gpt must exit 1 or 2 with <pattern> on stderr
+  local name=$1 pattern=$2 rc=0
+  shift 2
+  "$T" "$@" >"$name.out" 2>"$name.err" || rc=$?
+  no_report "$name.out" "$name.err"
+  if [ "$rc" -ne 1 ] && [ "$rc" -ne 2 ]; then
+    echo "FAIL: train_gpt $* exited with $rc, expected an error exit (1 or 2)"
+    cat "$name.out" "$name.err"
+    exit 1
+  fi
+  if ! grep -qE "$pattern" "$name.err"; then
+    echo "FAIL: train_gpt $*: stderr does not match '$pattern':"
+    cat "$name.err"
+    exit 1
+  fi
+}
+losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),"lr":\([^,]*\),.*/\1 \2 \3/p' "$1"; }
+
+# 1. Training in each precision, with accumulation, dropout and recomputed blocks.
+ok fp32 --steps 4 "${C[@]}" --save-dir ck --save-every 2 --keep 0 --log fp32.jsonl
+[ -f ck/ckpt-00000002.safetensors ] && [ -f ck/ckpt-00000004.safetensors ]
+ok bf16 --steps 2 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1
+ok fp16 --steps 2 "${C[@]}" --precision fp16 --checkpoint blocks
+echo "1. fp32, bf16 (accumulation, dropout) and fp16 (recomputed blocks) train"
+
+# 2. Resume from step 2: steps 3-4 log the same losses and learning rates as the uninterrupted run.
+ok resumed --steps 4 "${C[@]}" --resume ck/ckpt-00000002.safetensors --log resumed.jsonl
+diff <(losses fp32.jsonl | sed -n '3,4p') <(losses resumed.jsonl)
+ok init --steps 1 "${C[@]}" --init-from ck/ckpt-00000004.safetensors
+grep -q "initialized the weights from ck/ckpt-00000004.safetensors" init.out
+echo "2. --resume continues with identical losses; --init-from loads the weights"
+
+# 3. Bad inputs end with a clear error, never a crash or a sanitizer report.
+cp ck/ckpt-00000004.safetensors corrupt.safetensors
+size=$(stat -c %s corrupt.safetensors)
+printf '\x55' | dd of=corrupt.safetensors bs=1 seek=$((size - 7)) conv=notrunc status=none
+head -c $((size / 2)) ck/ckpt-00000004.safetensors > truncated.safetensors
+printf 'not a safetensors file\n' > text.safetensors
+fails missing_resume "error" --steps 1 "${C[@]}" --resume does-not-exist.safetensors
+fails corrupt_resume "error.*(checksum|crc)" --steps 4 "${C[@]}" --resume corrupt.safetensors
+fails truncated_resume "error" --steps 4 "${C[@]}" --resume truncated.safetensors
+fails corrupt_init "error.*(checksum|crc)" --steps 1 "${C[@]}" --init-from corrupt.safetensors
+fails text_init "error" --steps 1 "${C[@]}" --init-from text.safetensors
+fails missing_data "error" --steps 1 "${C[@]}" --data does-not-exist.txt
+fails bad_batch "batch" --steps 1 --batch 0 --seq 16
+fails bad_flag "unknown|not expected|extra" --steps 1 --no-such-flag
+echo "3. missing, corrupt, truncated and non-checkpoint files, a missing corpus and bad flags: clear errors"
+echo "OK: train_gpt smoke test"
