@@ -289,7 +289,9 @@ int system_running_threads() {
 }  // namespace
 
 int team_for_load(int default_team, double other_running) {
-  const int busy = static_cast<int>(std::lround(std::max(0.0, other_running)));
+  // A CPU counts as taken once the smoothed count is within a quarter of it: a lone runnable kernel thread
+  // (one sample of 1, smoothed to 0.5) does not halve the team; a busy program (two samples) does.
+  const int busy = static_cast<int>(std::floor(std::max(0.0, other_running) + 0.25));
   return std::clamp(default_team - busy, 1, std::max(1, default_team));
 }
 
