@@ -11,6 +11,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev             # example CLIs, JSON (tokenizer vocabularies, configs)
   fortunes                                    # a small text corpus for the examples and data tests
   python3-torch python3-numpy                 # reference values (tests/reference, benchmarks)
+  python3-matplotlib                          # train_gpt --plot (scripts/plot_log.py)
   libopenblas0-pthread                        # an optimized BLAS for PyTorch (else netlib BLAS at 1-5 GFLOP/s)
   clang libclang-rt-14-dev libomp-dev         # second compiler, sanitizer runtimes, libFuzzer, clang OpenMP (tests/io/fuzz)
 )

@@ -134,6 +134,11 @@ void validate_options(const Options& o) {
   if (!(o.val_fraction >= 0.001 && o.val_fraction <= 0.5))
     throw tg::Error("--val-fraction must be in [0.001, 0.5], got ", o.val_fraction);
   if (o.save_every > 0 && o.save_dir.empty()) throw tg::Error("--save-every needs --save-dir");
+  if (!o.plot.empty()) {
+    if (o.log.empty()) throw tg::Error("--plot needs --log (the plot is drawn from the log)");
+    if (!(o.plot.ends_with(".png") || o.plot.ends_with(".svg")))
+      throw tg::Error("--plot must name a .png or .svg file, got '", o.plot, "'");
+  }
   if (!o.init_from.empty() && !o.resume.empty())
     throw tg::Error("--init-from and --resume exclude each other (a checkpoint holds the weights)");
 }

@@ -41,6 +41,13 @@ int run_policy(Options o) {
     ckpts.emplace(o.save_dir, o.keep);
     ckpts->check_writable();
   }
+  if (!o.plot.empty()) {  // the plot is written at the end: a path that cannot take it is found now
+    const bool existed = ::access(o.plot.c_str(), F_OK) == 0;
+    FILE* f = std::fopen(o.plot.c_str(), "a");
+    if (!f) throw tg::Error("--plot: cannot write '", o.plot, "': ", std::strerror(errno));
+    std::fclose(f);
+    if (!existed) std::remove(o.plot.c_str());
+  }
   const auto ds = o.data.empty() ? tg::data::TextDataset::fortunes(tok, o.val_fraction, o.seq)
                                  : tg::data::TextDataset::from_file(o.data, tok, o.val_fraction, o.seq);
 
@@ -131,6 +138,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", o.checkpoint, "activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (recompute each block)")
       ->check(CLI::IsMember({"none", "selective", "blocks"}));
   app.add_option("--log", o.log, "write one JSON line per step to this file (a resumed run continues it)");
+  app.add_option("--plot", o.plot, "at the end, draw --log into this .png or .svg (train/validation loss, lr, tokens/s; needs python3-matplotlib)");
   app.add_option("--log-errors", o.log_errors, "a failed log write: stop the run (default) or warn and train on")
       ->check(CLI::IsMember({"stop", "warn"}));
   app.add_option("--save-dir", o.save_dir, "write training checkpoints (ckpt-<step>.safetensors) to this directory");

@@ -4,6 +4,7 @@
 //   train_gpt::Run r{...};  return train_gpt::train<tg::cpu>(r, model, opt, amp, [] {});
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +80,7 @@ struct Options {
   std::string on_nonfinite = "stop";     // stop | skip (Note [non-finite steps without a scaler])
   std::string log_errors = "stop";       // stop | warn
   std::string run_id;                    // filled by run_policy (Note [runs own their checkpoints])
+  std::string plot;                      // a .png or .svg drawn from --log at the end (scripts/plot_log.py)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -447,6 +449,39 @@ struct Run {
   std::int64_t start_step;
 };
 
+/// scripts/plot_log.py's path: $TG_PLOT_SCRIPT, else the source tree's (compiled in).
+inline std::string plot_script() {
+  if (const char* env = std::getenv("TG_PLOT_SCRIPT"); env && *env) return env;
+#ifdef TG_PLOT_SCRIPT_DEFAULT
+  return TG_PLOT_SCRIPT_DEFAULT;
+#else
+  return "scripts/plot_log.py";
+#endif
+}
+
+/// Draws --log into --plot with matplotlib (scripts/plot_log.py, run with /usr/bin/python3); throws with the
+/// tool's message when it fails.
+inline void draw_plot(const Options& o, std::int64_t tokens_per_step) {
+  const std::string script = plot_script(), title = "train_gpt --model " + o.model + " (" + o.precision + ", run " + o.run_id + ")";
+  const std::string tps = std::to_string(tokens_per_step);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw tg::Error("--plot: cannot start the plotting tool: ", std::strerror(errno));
+  if (pid == 0) {
+    const char* argv[] = {"/usr/bin/python3", script.c_str(), o.log.c_str(), o.plot.c_str(), "--title", title.c_str(),
+                          "--tokens-per-step", tps.c_str(), nullptr};
+    ::execv(argv[0], const_cast<char* const*>(argv));
+    std::fprintf(stderr, "plot_log: error: cannot run /usr/bin/python3: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw tg::Error("--plot: drawing '", o.plot, "' from '", o.log, "' failed (", script, ", exit ",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : -1, "; its message is above; it needs Debian's python3-matplotlib)");
+}
+
 /// The training loop on device D: `model` and `opt` live there; `sync_host()` copies their weights and
 /// optimizer state into the host model and optimizer before a checkpoint is written from those.
 template <class D, class Model, class Opt, class Amp, class SyncHost>
@@ -576,6 +611,11 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
               human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
   std::printf("  wall time         %s\n", human_time(seconds_since(t_start)).c_str());
+  if (!o.log.empty()) std::printf("  log               %s\n", o.log.c_str());
+  if (!o.plot.empty()) {
+    draw_plot(o, o.batch * o.seq * o.grad_accum);
+    std::printf("  plot              %s\n", o.plot.c_str());
+  }
   return 0;
 }
 

@@ -4,14 +4,15 @@
 # One case per run, each a CTest of its own (tests/CMakeLists.txt):
 #   tests/trainer/reliability.sh CASE build/release/examples/gpt/train_gpt WORKDIR
 # CASE: shared_save_dir | bad_flags | nonfinite_weights | nonfinite_loss | log_write_failure | log_resume |
-#       save_dir_unwritable | checkpoint_fields | stale_temporaries | resume_fallback | header_flush
+#       save_dir_unwritable | checkpoint_fields | stale_temporaries | resume_fallback | header_flush | plot
 # Every failure of the trainer must be a one-line "train_gpt: error: ..." on stderr with exit code 2 (3 for a
 # non-finite step), never a signal or a hang; each check names what it expected.
 set -uo pipefail
 CASE=$1
 T=$2
 W=$3
-TOOL="/usr/bin/python3 $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ckpt_tool.py"
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TOOL="/usr/bin/python3 $HERE/ckpt_tool.py"
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 export OMP_NUM_THREADS=1
 if [ ! -d /usr/share/games/fortunes ]; then echo "SKIP: no fortunes corpus (package fortunes)"; exit 77; fi
@@ -235,6 +236,28 @@ header_flush)
   echo "$seen" | grep -q "^baseline:" || fail "no header within 30 s of the start"
   echo "$seen" | grep -q "^step 0: val loss" && { echo "SKIP: the step-0 evaluation finished before the header was read; the case proves nothing here"; exit 77; }
   echo "OK header_flush: the header lines reached the file before the step-0 evaluation ended"
+  ;;
+
+plot)
+  # --plot draws the log with matplotlib (scripts/plot_log.py); a plot that cannot be written is an error.
+  /usr/bin/python3 -c "import matplotlib" 2>/dev/null || { echo "SKIP: python3-matplotlib is not installed"; exit 77; }
+  PLOT="/usr/bin/python3 $HERE/../../scripts/plot_log.py"
+  expect_ok png --steps 6 --warmup 0 --batch 2 --seq 16 --eval-every 3 --eval-batches 1 --sample-tokens 4 --log run.jsonl --plot run.png
+  grep -q "^  plot              run.png$" png.out || fail "the summary does not say where the plot is"
+  grep -q "^  log               run.jsonl$" png.out || fail "the summary does not say where the log is"
+  [ "$(head -c 8 run.png | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "run.png is not a PNG"
+  [ "$(stat -c %s run.png)" -gt 10000 ] || fail "run.png is too small to hold the figure"
+  $PLOT run.jsonl run.svg > svg.out || fail "plot_log.py failed on the trainer's log"
+  grep -q "<svg" run.svg || fail "run.svg is not an SVG"
+  : > empty.jsonl
+  $PLOT empty.jsonl e.png 2> e.err; [ $? -eq 2 ] && grep -q "holds no step" e.err || fail "an empty log: $(cat e.err)"
+  echo '{"step":1,"loss":' > broken.jsonl
+  $PLOT broken.jsonl b.png 2> b.err; [ $? -eq 2 ] && grep -q "broken.jsonl:1: not a JSON line" b.err || fail "a broken log: $(cat b.err)"
+  expect_error unwritable 2 "--plot: cannot write 'nodir/run.png': No such file or directory" --steps 2 "${Q[@]}" --log run2.jsonl --plot nodir/run.png
+  [ ! -s unwritable.out ] || fail "training started although the plot cannot be written"
+  expect_error pdf 2 "--plot must name a .png or .svg file, got 'run.pdf'" --steps 2 "${Q[@]}" --log run3.jsonl --plot run.pdf
+  expect_error nolog 2 "--plot needs --log" --steps 2 "${Q[@]}" --plot run.png
+  echo "OK plot: the trainer's PNG and an SVG from its log; empty and broken logs, an unwritable plot and a bad name are errors"
   ;;
 
 *)
