@@ -5,7 +5,6 @@
 //   train_gpt::RunLog log(o.log, /*resume_step=*/start_step, /*warn_only=*/false);  log.write(step, line);
 #pragma once
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
