@@ -179,7 +179,8 @@ std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text) {
 // ---- the tokenizer ------------------------------------------------------------------------------
 
 struct Gpt2BpeTokenizer::Impl {
-  std::string vocab_path, merges_path;
+  std::string vocab_path, merges_path;  // names for messages
+  std::string source;                   // source()
   std::unordered_map<std::string, std::int32_t> vocab;
   std::vector<std::string> id_token;   // "" for ids absent from vocab.json
   std::vector<std::string> id_bytes;   // the bytes each id decodes to
@@ -190,6 +191,7 @@ struct Gpt2BpeTokenizer::Impl {
   };
   std::unordered_map<std::uint64_t, Merge> merges;  // key (a << 32) | b
   std::int64_t num_merges = 0;
+  std::vector<std::pair<std::int32_t, std::int32_t>> merge_list;  // the merges' symbol ids in rank order
   std::optional<std::int32_t> eot;
 
   mutable std::mutex cache_mu;
@@ -273,14 +275,13 @@ std::string single_quoted(std::string_view s) { return "'" + std::string(s) + "'
 
 }  // namespace
 
-Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt)
-    : impl_(std::make_shared<Impl>()) {
-  Impl& m = *impl_;
-  m.vocab_path = vocab_json.string();
-  m.merges_path = merges_txt.string();
+namespace {
 
+/// Fills m's tables from the texts of vocab.json and merges.txt; messages name m.vocab_path / m.merges_path.
+void load_tables(Gpt2BpeTokenizer::Impl& m, std::string_view vtext, std::string_view mtext) {
+  using Impl = Gpt2BpeTokenizer::Impl;
+  constexpr std::string_view kEndOfText = Gpt2BpeTokenizer::kEndOfText;
   // ---- vocab.json ----
-  const std::string vtext = read_whole_file(vocab_json, "vocab file");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(vtext);
@@ -349,7 +350,6 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::filesystem::path& vocab_json, cons
   if (auto it = m.vocab.find(std::string(kEndOfText)); it != m.vocab.end()) m.eot = it->second;
 
   // ---- merges.txt ----
-  const std::string mtext = read_whole_file(merges_txt, "merges file");
   std::size_t pos = 0;
   std::int64_t line_no = 0;
   std::int32_t rank = 0;
@@ -377,9 +377,36 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::filesystem::path& vocab_json, cons
       throw Error("Gpt2BpeTokenizer: ", m.merges_path, ":", line_no, ": merge ", single_quoted(line), " produces ",
                   single_quoted(a + b), ", which is not in the vocabulary ", m.vocab_path);
     m.merges.try_emplace(Impl::key(ia->second, ib->second), Impl::Merge{rank, iab->second});  // first rank wins
+    m.merge_list.emplace_back(ia->second, ib->second);
     ++rank;
   }
   m.num_merges = rank;
+}
+
+}  // namespace
+
+Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->vocab_path = vocab_json.string();
+  impl_->merges_path = merges_txt.string();
+  impl_->source = impl_->vocab_path;
+  const std::string vtext = read_whole_file(vocab_json, "vocab file");
+  const std::string mtext = read_whole_file(merges_txt, "merges file");
+  load_tables(*impl_, vtext, mtext);
+}
+
+Gpt2BpeTokenizer Gpt2BpeTokenizer::from_strings(std::string_view vocab_json_text, std::string_view merges_text,
+                                                std::string_view source) {
+  auto impl = std::make_shared<Impl>();
+  impl->source = std::string(source);
+  impl->vocab_path = "vocab.json text";
+  impl->merges_path = "merges.txt text";
+  if (!source.empty()) {
+    impl->vocab_path += " of " + impl->source;
+    impl->merges_path += " of " + impl->source;
+  }
+  load_tables(*impl, vocab_json_text, merges_text);
+  return Gpt2BpeTokenizer(std::move(impl));
 }
 
 std::int64_t Gpt2BpeTokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->id_token.size()); }
@@ -396,6 +423,36 @@ const std::string& Gpt2BpeTokenizer::token_string(std::int32_t id) const {
   TG_CHECK(id >= 0 && id < vocab_size() && impl_->id_present[static_cast<std::size_t>(id)],
            "Gpt2BpeTokenizer::token_string: id ", id, " is not in the vocabulary ", impl_->vocab_path);
   return impl_->id_token[static_cast<std::size_t>(id)];
+}
+
+const std::string& Gpt2BpeTokenizer::token_bytes(std::int32_t id) const {
+  TG_CHECK(id >= 0 && id < vocab_size() && impl_->id_present[static_cast<std::size_t>(id)],
+           "Gpt2BpeTokenizer::token_bytes: id ", id, " is not in the vocabulary ", impl_->vocab_path);
+  return impl_->id_bytes[static_cast<std::size_t>(id)];
+}
+
+bool Gpt2BpeTokenizer::contains(std::int32_t id) const {
+  return id >= 0 && id < vocab_size() && impl_->id_present[static_cast<std::size_t>(id)];
+}
+
+const std::string& Gpt2BpeTokenizer::source() const { return impl_->source; }
+
+std::string Gpt2BpeTokenizer::vocab_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t i = 0; i < impl_->id_token.size(); ++i)
+    if (impl_->id_present[i]) j[impl_->id_token[i]] = static_cast<std::int64_t>(i);
+  return j.dump();
+}
+
+std::string Gpt2BpeTokenizer::merges_text() const {
+  std::string out = "#version: 0.2\n";
+  for (const auto& [a, b] : impl_->merge_list) {
+    out += impl_->id_token[static_cast<std::size_t>(a)];
+    out += ' ';
+    out += impl_->id_token[static_cast<std::size_t>(b)];
+    out += '\n';
+  }
+  return out;
 }
 
 std::vector<std::int32_t> Gpt2BpeTokenizer::encode_ordinary(std::string_view text) const {

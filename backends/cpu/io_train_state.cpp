@@ -1,5 +1,6 @@
 // Training-state checkpoints and weight files (see typegrad/io/train_state.hpp, Note [training-state checkpoints]).
 #include "typegrad/io/train_state.hpp"
+#include "typegrad/io/model_config.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -62,6 +63,17 @@ json record_to_json(const TrainStateRecord& r) {
   j["config"] = config;
   j["optimizer"] = r.optimizer;
   j["run_id"] = r.run_id;
+  if (!r.model_json.empty()) {
+    json model;
+    try {
+      model = json::parse(r.model_json);
+    } catch (const json::exception& e) {
+      throw Error("save_train_state: model_json is not valid JSON: ", e.what());
+    }
+    TG_CHECK(model.is_object(), "save_train_state: model_json must be a JSON object, got ", model.type_name());
+    j["model"] = model;
+  }
+  if (!r.tokenizer_json.empty()) j["tokenizer"] = r.tokenizer_json;  // verbatim: the tokenizer parses it
   return j;
 }
 
@@ -135,6 +147,14 @@ TrainStateRecord record_from_json(const json& j, const std::string& path) {
     for (char c : r.run_id)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
         fail(path, "state field 'run_id' may hold only letters, digits, '-' and '_', got " + it->dump());
+  }
+  if (auto it = j.find("model"); it != j.end()) {  // absent in files written before it was recorded
+    if (!it->is_object()) fail(path, "state field 'model' must be an object, got " + it->dump().substr(0, 80));
+    r.model_json = it->dump();
+  }
+  if (auto it = j.find("tokenizer"); it != j.end()) {
+    if (!it->is_string()) fail(path, "state field 'tokenizer' must be a string, got " + it->dump().substr(0, 80));
+    r.tokenizer_json = it->get<std::string>();
   }
   return r;
 }
@@ -515,5 +535,46 @@ ResumeChoice choose_resume(const std::string& dir_or_file, bool fallback_to_inta
 }
 
 std::string resolve_resume(const std::string& dir_or_file) { return choose_resume(dir_or_file).path; }
+
+
+// ---- the model's shape ------------------------------------------------------------------------------
+std::string gpt_config_json(const nn::GPTConfig& c) {
+  return json{{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
+              {"n_head", c.n_head},         {"n_embd", c.n_embd},         {"dropout", c.dropout}}
+      .dump();
+}
+
+nn::GPTConfig gpt_config_from_json(std::string_view text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(origin, ": the model description is not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) throw Error(origin, ": the model description must be a JSON object");
+  auto count = [&](const char* key) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<std::int64_t>() <= 0)
+      throw Error(origin, ": the model description's '", key, "' must be a positive integer",
+                  it == j.end() ? std::string(" (missing)") : ", got " + it->dump());
+    return it->get<std::int64_t>();
+  };
+  nn::GPTConfig c;
+  c.vocab_size = count("vocab_size");
+  c.block_size = count("block_size");
+  c.n_layer = count("n_layer");
+  c.n_head = count("n_head");
+  c.n_embd = count("n_embd");
+  if (auto it = j.find("dropout"); it != j.end()) {
+    if (!it->is_number()) throw Error(origin, ": the model description's 'dropout' must be a number, got ", it->dump());
+    c.dropout = it->get<float>();
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(origin, ": ", e.what());
+  }
+  return c;
+}
 
 }  // namespace tg::io

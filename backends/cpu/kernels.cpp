@@ -318,8 +318,12 @@ void adapt_threads() {
 }
 
 void set_num_threads(int n) {
-  g_auto_threads.store(n <= 0, std::memory_order_relaxed);  // Note [threads under contention]
-  omp_set_num_threads(n > 0 ? n : default_threads());
+  // Note [threads under contention]: n <= 0 hands the team back to the default: OMP_NUM_THREADS's first
+  // number when it is set (a pinned team), else every usable CPU, adapted to other programs' load.
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const int pinned = env ? std::atoi(env) : 0;
+  g_auto_threads.store(n <= 0 && env == nullptr, std::memory_order_relaxed);
+  omp_set_num_threads(n > 0 ? n : pinned > 0 ? pinned : default_threads());
 }
 int num_threads() { return omp_get_max_threads(); }
 

@@ -31,11 +31,22 @@ inline void check_save_dir(const Options& o, const tg::io::CheckpointDir& dir, s
 template <class Policy>  // tg::amp::fp32_policy, bf16_mixed or fp16_mixed
 int run_policy(Options o) {
   if (o.threads > 0) tg::backend::cpu::set_num_threads(o.threads);
-  const tg::data::ByteTokenizer tok;
+  // --resume's record first: it fixes the tokenizer (Note [the trainer's data and tokenizer]).
+  std::optional<tg::io::ResumeChoice> resume_choice;
+  if (!o.resume.empty() && o.data_export.empty()) {
+    resume_choice = choose_checkpoint(o);
+    if (!o.tokenizer_given) o.tokenizer = tokenizer_setting(resume_choice->record->config_json);
+  }
+  const TrainingData data = load_training_data(o, resume_choice ? resume_choice->record : std::nullopt);
+  if (!o.data_export.empty()) return export_tokens(o, data);
+  const tg::data::AnyTokenizer& tok = data.tok;
+  const tg::data::TextDataset& ds = *data.ds;
   auto config = tg::nn::GPTConfig::preset(o.model, tok.vocab_size());
   config.block_size = std::max(config.block_size, o.seq);
   config.dropout = o.dropout;
-  check_memory(o, config);  // before the data or the model is allocated
+  o.model_json = tg::io::gpt_config_json(config);
+  o.tokenizer_json = tok.to_json();
+  check_memory(o, config);  // before the model is allocated
   std::optional<tg::io::CheckpointDir> ckpts;
   if (!o.save_dir.empty()) {  // a save directory that cannot be written is found now, not at the first save
     ckpts.emplace(o.save_dir, o.keep);
@@ -48,8 +59,6 @@ int run_policy(Options o) {
     std::fclose(f);
     if (!existed) std::remove(o.plot.c_str());
   }
-  const auto ds = o.data.empty() ? tg::data::TextDataset::fortunes(tok, o.val_fraction, o.seq)
-                                 : tg::data::TextDataset::from_file(o.data, tok, o.val_fraction, o.seq);
 
   tg::Generator init_gen(o.seed), dropout_gen(o.seed + 1), sample_gen(o.seed + 2);
   tg::nn::GPT model(config, init_gen);
@@ -58,7 +67,7 @@ int run_policy(Options o) {
   auto opt = make_optimizer(o, params);
   auto schedule = make_schedule(o, o.steps);
   tg::optim::GradAccumRuntime accum(o.grad_accum);
-  tg::data::BatchSampler sampler(ds.train(), o.batch, o.seq, o.seed + 3);
+  tg::data::PrefetchingSampler sampler(tg::data::BatchSampler(ds.train(), o.batch, o.seq, o.seed + 3));  // Note [prefetching batches]
   double loss_ema = 0;
   std::int64_t tokens_done = 0, nonfinite_skipped = 0, trained_positions = o.seq;  // Note [trained positions]
   const LoopState loop_state{schedule,    sampler,     init_gen,          dropout_gen,      sample_gen,
@@ -73,7 +82,8 @@ int run_policy(Options o) {
   }
   std::optional<tg::io::ScalerStateRecord> saved_scaler;
   o.run_id = new_run_id();
-  const std::int64_t start_step = o.resume.empty() ? 0 : resume_from(o, params, *opt, loop_state, saved_scaler, o.run_id);
+  const std::int64_t start_step =
+      resume_choice ? resume_from(o, *resume_choice, params, *opt, loop_state, saved_scaler, o.run_id) : 0;
   if (ckpts) {
     check_save_dir(o, *ckpts, start_step);
     std::printf("run %s saves to %s\n", o.run_id.empty() ? "(no id, continued from an older checkpoint)" : o.run_id.c_str(),
@@ -111,7 +121,11 @@ int main(int argc, char** argv) {
   std::string seed_text = std::to_string(o.seed);
   CLI::App app{"train_gpt: train a GPT language model on a text file with typegrad"};
   // Numbers are range-checked after parsing, by validate_options (Note [the trainer's guards]).
-  app.add_option("--data", o.data, "text file to train on (default: the English fortunes under /usr/share/games/fortunes)");
+  app.add_option("--data", o.data, "a text file, a directory of text files, or a token file (--data-export) to train on "
+                                   "(default: the English fortunes under /usr/share/games/fortunes)");
+  CLI::Option* tokenizer_flag = app.add_option("--tokenizer", o.tokenizer, "byte; bpe:N (a byte-level BPE of N tokens trained on --data, cached); "
+                                               "or gpt2:DIR (GPT-2's DIR/vocab.json and DIR/merges.txt). A resumed run keeps its own");
+  app.add_option("--data-export", o.data_export, "write --data's tokens (with --tokenizer) to this token file and exit");
   app.add_option("--model", o.model, "model preset")->check(CLI::IsMember({"tiny", "small", "gpt2"}));
   app.add_option("--batch", o.batch, "sequences per micro-batch");
   app.add_option("--seq", o.seq, "tokens per sequence");
@@ -132,6 +146,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate in the final sample");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
+  app.add_option("--top-p", o.top_p, "sample from the smallest set of likeliest tokens holding this probability (1: all)");
   app.add_option("--dropout", o.dropout, "dropout probability, in [0, 1)");
   app.add_option("--val-fraction", o.val_fraction, "fraction of the corpus held out for validation, in [0.001, 0.5]");
   app.add_option("--prompt", o.prompt, "text the samples start from");
@@ -167,10 +182,13 @@ int main(int argc, char** argv) {
   }
   try {
     o.seed = train_gpt::parse_seed(seed_text);
+    o.tokenizer_given = tokenizer_flag->count() > 0;
     // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
     if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
     if (min_lr_flag->count() > 0 && !(o.min_lr >= 0)) throw tg::Error("--min-lr must be a non-negative number, got ", o.min_lr);
     train_gpt::validate_options(o);
+    tg::data::parse_tokenizer_spec(o.tokenizer);  // a malformed spec before any data is read
+    if (!(o.top_p > 0 && o.top_p <= 1)) throw tg::Error("--top-p must be in (0, 1], got ", o.top_p);
     if (o.device == "cuda") {  // before any work (Note [training on a GPU])
       TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",
                tg::backend::cuda::device_description(), "); train on the CPU with --device cpu");

@@ -22,13 +22,19 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <typegrad/amp/amp.hpp>
 #include <typegrad/detail/cuda/runtime.hpp>
 #include <typegrad/data/dataset.hpp>
+#include <typegrad/data/prefetch.hpp>
 #include <typegrad/data/sampler.hpp>
+#include <typegrad/data/token_file.hpp>
 #include <typegrad/data/tokenizer.hpp>
+#include <typegrad/io/model_config.hpp>
 #include <typegrad/io/scaler_state.hpp>
 #include <typegrad/io/train_state.hpp>
+#include <typegrad/nn/generate.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -39,7 +45,10 @@
 namespace train_gpt {
 
 struct Options {
-  std::string data;
+  std::string data;         // a text file, a directory of text files or a token file (docs/data.md); "": fortunes
+  std::string tokenizer = "byte";  // byte | bpe:N | gpt2:DIR (docs/tokenizers.md)
+  bool tokenizer_given = false;    // --tokenizer was on the command line (a resumed run otherwise keeps its own)
+  std::string data_export;         // write --data's tokens to this token file and exit
   std::string model = "tiny";
   std::int64_t batch = 16;
   std::int64_t seq = 64;
@@ -60,6 +69,7 @@ struct Options {
   std::int64_t sample_tokens = 200;
   float temperature = 0.8f;
   std::int64_t top_k = 40;
+  double top_p = 1.0;
   float dropout = 0.0f;
   double val_fraction = 0.1;
   std::string log;
@@ -80,6 +90,8 @@ struct Options {
   std::string on_nonfinite = "stop";     // stop | skip (Note [non-finite steps without a scaler])
   std::string log_errors = "stop";       // stop | warn
   std::string run_id;                    // filled by run_policy (Note [runs own their checkpoints])
+  std::string model_json;                // filled by run_policy: the model's shape, saved in checkpoints (generate reads it)
+  std::string tokenizer_json;            // filled by run_policy: the tokenizer, saved in checkpoints
   std::string plot;                      // a .png or .svg drawn from --log at the end (scripts/plot_log.py)
 };
 
@@ -173,19 +185,30 @@ tg::Tensor<T> to_host(const tg::Tensor<T, D>& t) {
   else return t.template to<tg::cpu>();
 }
 
-/// Mean cross-entropy over `batches` sequential validation batches (no tape).
+/// A validation result: the mean cross-entropy per token (nats) and the same loss per byte of text, in bits.
+struct Eval {
+  double loss = 0;
+  double bits_per_byte = 0;
+};
+
+/// Mean cross-entropy over `batches` sequential validation batches (no tape), and bits per byte: the
+/// batches' summed loss over ln 2 times the bytes their target tokens decode to (`token_bytes[id]`), so runs
+/// with different tokenizers compare (a byte-level run's bits per byte is its loss / ln 2).
 template <class Model>
-double evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq,
-                std::int64_t batches) {
+Eval evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_t batch, std::int64_t seq, std::int64_t batches,
+              const std::vector<std::int32_t>& token_bytes) {
   tg::NoGrad no_grad;
   auto sampler = tg::data::BatchSampler::sequential(ds.validation(), batch, seq);
   const std::int64_t n = std::max<std::int64_t>(1, std::min(batches, sampler.num_batches()));
-  double total = 0;
+  double total = 0, nats = 0, bytes = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto b = sampler.next();
-    total += static_cast<double>(tg::cross_entropy(model.template forward<tg::fp32>(b.inputs), b.targets).item());
+    const double mean = static_cast<double>(tg::cross_entropy(model.template forward<tg::fp32>(b.inputs), b.targets).item());
+    total += mean;
+    nats += mean * static_cast<double>(b.targets.numel());
+    for (std::int64_t k = 0; k < b.targets.numel(); ++k) bytes += token_bytes[static_cast<std::size_t>(b.targets.data()[k])];
   }
-  return total / static_cast<double>(n);
+  return {total / static_cast<double>(n), bytes > 0 ? nats / (std::log(2.0) * bytes) : 0.0};
 }
 
 // Note [trained positions]
@@ -196,43 +219,153 @@ double evaluate(const Model& model, const tg::data::TextDataset& ds, std::int64_
 // across resumes: "trained_positions" in the checkpoint's state), prints it in the header, and samples
 // over a sliding window of at most that many positions.
 
-/// Autoregressive sampling with temperature and top-k from the model's next-token distribution, over a
-/// sliding window of at most `window` positions: the positions training reached (Note [trained positions]).
-template <class Model>
-std::string generate(const Model& model, const tg::data::ByteTokenizer& tok, const std::string& prompt,
-                     std::int64_t tokens, float temperature, std::int64_t top_k, tg::Generator& gen, std::int64_t window) {
-  tg::NoGrad no_grad;
-  std::vector<std::int32_t> ids = tok.encode(prompt);
-  if (ids.empty()) ids.push_back(static_cast<std::int32_t>('\n'));
+/// `tokens` tokens sampled after `prompt` (temperature, top-k, top-p; Note [sampling the next token]) with a
+/// KV cache over a window of at most `window` positions, the positions training reached (Note [trained
+/// positions], Note [the decoding window]); returns the prompt and the continuation as text.
+template <class Model, class Tok>
+std::string generate(const Model& model, const Tok& tok, const std::string& prompt, std::int64_t tokens, float temperature,
+                     std::int64_t top_k, tg::Generator& gen, std::int64_t window, double top_p = 1.0) {
   TG_CHECK(window >= 1, "generate: the window must be at least 1 position, got ", window);
-  const std::int64_t block = std::min(model.config().block_size, window), V = model.config().vocab_size;
-  for (std::int64_t s = 0; s < tokens; ++s) {
-    const std::int64_t start = std::max<std::int64_t>(0, static_cast<std::int64_t>(ids.size()) - block);
-    const std::int64_t T = static_cast<std::int64_t>(ids.size()) - start;
-    auto idx = tg::Tensor<std::int64_t>::empty({1, T});
-    for (std::int64_t t = 0; t < T; ++t) idx.data()[t] = ids[static_cast<std::size_t>(start + t)];
-    const auto logits = to_host(model.template forward<tg::fp32>(idx)).contiguous();
-    const float* last = logits.data() + (T - 1) * V;
-    std::vector<std::int64_t> order(static_cast<std::size_t>(V));
-    std::iota(order.begin(), order.end(), 0);
-    const std::int64_t k = top_k > 0 ? std::min(top_k, V) : V;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](auto a, auto b) { return last[a] > last[b]; });
-    std::vector<double> p(static_cast<std::size_t>(k));
-    const double mx = last[order[0]];
-    double z = 0;
-    for (std::int64_t i = 0; i < k; ++i) z += p[static_cast<std::size_t>(i)] = std::exp((last[order[static_cast<std::size_t>(i)]] - mx) / std::max(temperature, 1e-4f));
-    double u = gen.uniform() * z;
-    std::int64_t pick = order[static_cast<std::size_t>(k - 1)];
-    for (std::int64_t i = 0; i < k; ++i) {
-      u -= p[static_cast<std::size_t>(i)];
-      if (u <= 0) {
-        pick = order[static_cast<std::size_t>(i)];
-        break;
+  std::vector<std::int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids = tok.encode("\n");
+  tg::nn::Decoder dec(model, window);
+  dec.set_prompt(ids);
+  const tg::nn::SamplingOptions opts{std::max(temperature, 1e-4f), top_k, top_p};
+  for (std::int64_t s = 0; s < tokens; ++s) ids.push_back(dec.next(opts, gen));
+  return tok.decode(std::span<const std::int32_t>(ids));
+}
+
+// ---- data and tokenizer -----------------------------------------------------------------------------
+
+// Note [the trainer's data and tokenizer]
+// --data is a text file, a directory of text files (concatenated in sorted order) or a token file (docs/
+// data.md; told apart by its magic), by default the fortunes corpus. The tokenizer comes, first match wins,
+// from the checkpoint a run resumes (so a resumed run tokenizes as it did; a --tokenizer of another kind is
+// an error), from a token file's sidecar, or from --tokenizer: "byte", "gpt2:DIR", or "bpe:N", a byte-level
+// BPE trained on the text's first 1 - val_fraction (the train part, so validation text is unseen) and
+// cached by corpus hash and N next to the data (in the user's cache directory for the fortunes corpus, or
+// when the data's directory is not writable). The tokenizer's JSON is saved in every checkpoint, with the
+// model's shape, so `generate` rebuilds both from the file. --data-export writes the tokens of a text
+// --data as a token file with the tokenizer in its sidecar, and the trainer exits.
+
+struct TrainingData {
+  tg::data::AnyTokenizer tok;
+  std::optional<tg::data::TextDataset> ds;
+  std::vector<std::int32_t> tokens;  // a text corpus's tokens (for --data-export); empty for a token file
+};
+
+/// The tokenizer a resumed checkpoint was trained with (byte-level when it records none: older files).
+inline std::optional<tg::data::AnyTokenizer> checkpoint_tokenizer(const std::optional<tg::io::TrainStateRecord>& resumed) {
+  if (!resumed) return std::nullopt;
+  if (resumed->tokenizer_json.empty()) return tg::data::AnyTokenizer{};
+  return tg::data::AnyTokenizer::from_json(resumed->tokenizer_json);
+}
+
+/// The --tokenizer a checkpoint's run used ("byte" for checkpoints from before the flag).
+inline std::string tokenizer_setting(const std::string& config_json) {
+  const auto j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object())
+    if (auto it = j.find("tokenizer"); it != j.end() && it->is_string()) return it->get<std::string>();
+  return "byte";
+}
+
+/// Reads --data and builds the tokenizer (Note [the trainer's data and tokenizer]); prints what it did.
+inline TrainingData load_training_data(const Options& o, const std::optional<tg::io::TrainStateRecord>& resumed) {
+  namespace fs = std::filesystem;
+  TrainingData d;
+  const tg::data::TokenizerSpec spec = tg::data::parse_tokenizer_spec(o.tokenizer);
+  std::optional<tg::data::AnyTokenizer> fixed = checkpoint_tokenizer(resumed);
+  if (fixed && o.tokenizer_given && spec.kind != fixed->kind())
+    throw tg::Error("--tokenizer ", o.tokenizer, ": the checkpoint being resumed was trained with another tokenizer (",
+                    fixed->describe(), "); resume without --tokenizer");
+  if (!o.data.empty() && !fs::is_directory(o.data) && tg::data::is_token_file(o.data)) {
+    if (!o.data_export.empty()) throw tg::Error("--data-export: '", o.data, "' is already a token file; export from a text --data");
+    // The tokenizer: the checkpoint's, else the sidecar's, else --tokenizer (which cannot train BPE without text).
+    const fs::path sidecar = tg::data::token_file_tokenizer_path(o.data);
+    std::optional<tg::data::AnyTokenizer> file_tok;
+    if (fs::exists(sidecar)) {
+      std::ifstream f(sidecar, std::ios::binary);
+      std::stringstream text;
+      text << f.rdbuf();
+      if (!f.good() && !f.eof()) throw tg::Error("--data: cannot read the tokenizer sidecar '", sidecar.string(), "'");
+      try {
+        file_tok = tg::data::AnyTokenizer::from_json(text.str());
+      } catch (const tg::Error& e) {
+        throw tg::Error("--data: the tokenizer sidecar '", sidecar.string(), "' is damaged: ", e.what());
       }
     }
-    ids.push_back(static_cast<std::int32_t>(pick));
+    if (fixed) d.tok = *fixed;
+    else if (file_tok) d.tok = *file_tok;
+    else if (spec.kind == "bpe")
+      throw tg::Error("--tokenizer ", o.tokenizer, ": a BPE is trained on text, but --data '", o.data,
+                      "' is a token file without a tokenizer sidecar; pass the tokenizer its ids were made with (byte or gpt2:DIR)");
+    else d.tok = tg::data::make_tokenizer(o.tokenizer);
+    if (file_tok && o.tokenizer_given && !fixed && spec.kind != file_tok->kind())
+      throw tg::Error("--tokenizer ", o.tokenizer, ": the token file '", o.data, "' was written with another tokenizer (",
+                      file_tok->describe(), "); drop --tokenizer to use it");
+    if (file_tok && file_tok->to_json() != d.tok.to_json())
+      throw tg::Error("--data: the token file '", o.data, "' was written with ", file_tok->describe(),
+                      ", not the checkpoint's tokenizer (", d.tok.describe(), ")");
+    const auto t0 = Clock::now();
+    d.ds = tg::data::TextDataset::from_token_file(o.data, d.tok.vocab_size(), o.val_fraction, o.seq);
+    std::printf("data: token file %s, %lld tokens, mapped and checked in %.2f s\n", o.data.c_str(),
+                static_cast<long long>(d.ds->size()), seconds_since(t0));
+    return d;
   }
-  return tok.decode(std::span<const std::int32_t>(ids));
+  // A text corpus.
+  std::string text, source;
+  fs::path cache_near;  // where a BPE of this text is cached
+  std::string stem = "corpus";
+  if (o.data.empty()) {
+    text = tg::data::load_fortunes_corpus();
+    source = "fortunes corpus '" + std::string(tg::data::kFortunesDir) + "'";
+    cache_near = tg::data::user_cache_dir();
+    stem = "fortunes";
+  } else if (fs::is_directory(o.data)) {
+    text = tg::data::read_text_directory(o.data);
+    source = "directory '" + o.data + "' (" + std::to_string(tg::data::list_text_files(o.data).size()) + " files)";
+    const fs::path dir = fs::absolute(o.data).lexically_normal();
+    cache_near = tg::data::default_bpe_cache_dir(dir.has_filename() ? dir : dir.parent_path());  // beside the directory, not in it
+    stem = (dir.has_filename() ? dir : dir.parent_path()).filename().string();
+  } else {
+    text = tg::data::read_text_file(o.data);
+    source = "file '" + o.data + "'";
+    cache_near = tg::data::default_bpe_cache_dir(o.data);
+    stem = fs::path(o.data).filename().string();
+  }
+  if (fixed) {
+    d.tok = *fixed;
+  } else if (spec.kind == "bpe") {
+    // Trained on the part of the text that becomes the train split (the validation text stays unseen).
+    const auto train_bytes = static_cast<std::size_t>(static_cast<double>(text.size()) * (1.0 - o.val_fraction));
+    tg::data::BpeCacheResult res;
+    d.tok = tg::data::make_tokenizer(o.tokenizer, {std::string_view(text).substr(0, train_bytes), cache_near, stem}, &res);
+    std::printf("bpe: %s %s %s (%.2f s)\n", d.tok.describe().c_str(), res.from_cache ? "read from" : "trained and cached in",
+                res.cache_file.c_str(), res.seconds);
+  } else {
+    d.tok = tg::data::make_tokenizer(o.tokenizer);
+  }
+  const auto t0 = Clock::now();
+  d.tokens = d.tok.encode(text);
+  const double encode_s = seconds_since(t0);
+  if (d.tok.kind() != "byte")
+    std::printf("data: %s, %.2f MB -> %lld tokens (%.2f bytes/token) in %.2f s\n", source.c_str(), static_cast<double>(text.size()) / 1e6,
+                static_cast<long long>(d.tokens.size()), static_cast<double>(text.size()) / static_cast<double>(std::max<std::size_t>(1, d.tokens.size())),
+                encode_s);
+  if (!o.data_export.empty()) return d;  // the caller writes the file; no split or context check
+  d.ds.emplace(std::move(d.tokens), o.val_fraction, o.seq, source);
+  d.tokens = {};
+  return d;
+}
+
+/// --data-export: the text corpus's tokens as a token file (docs/data.md) with the tokenizer in its sidecar.
+inline int export_tokens(const Options& o, const TrainingData& d) {
+  const auto t0 = Clock::now();
+  tg::data::write_token_file(o.data_export, d.tokens, d.tok.vocab_size(), d.tok.to_json());
+  std::printf("wrote %s: %lld tokens of %s (%s), tokenizer in %s (%.2f s); train with --data %s\n", o.data_export.c_str(),
+              static_cast<long long>(d.tokens.size()), o.data.empty() ? "the fortunes corpus" : o.data.c_str(), d.tok.describe().c_str(),
+              tg::data::token_file_tokenizer_path(o.data_export).c_str(), seconds_since(t0), o.data_export.c_str());
+  return 0;
 }
 
 // ---- checkpoints ----------------------------------------------------------------------------------
@@ -258,7 +391,7 @@ inline std::string run_config_json(const Options& o) {
     return std::string(buf);
   };
   std::ostringstream j;
-  j << "{\"data\":" << str(o.data) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.batch << ",\"seq\":" << o.seq
+  j << "{\"data\":" << str(o.data) << ",\"tokenizer\":" << str(o.tokenizer) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.batch << ",\"seq\":" << o.seq
     << ",\"grad_accum\":" << o.grad_accum << ",\"steps\":" << o.steps << ",\"lr\":" << num(o.lr) << ",\"min_lr\":" << num(o.min_lr)
     << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
     << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
@@ -270,7 +403,7 @@ inline std::string run_config_json(const Options& o) {
 /// Everything the loop needs to continue exactly (Note [training-state checkpoints]).
 struct LoopState {
   tg::optim::Schedule& schedule;
-  tg::data::BatchSampler& sampler;
+  tg::data::PrefetchingSampler& sampler;  // the train split's batches, prepared ahead on a thread
   tg::Generator& init_gen;
   tg::Generator& dropout_gen;
   tg::Generator& sample_gen;
@@ -296,6 +429,8 @@ inline void save_checkpoint(tg::io::CheckpointDir& dir, const Options& o, std::i
   r.scaler = scaler;
   r.config_json = run_config_json(o);
   r.run_id = o.run_id;
+  r.model_json = o.model_json;
+  r.tokenizer_json = o.tokenizer_json;
   const auto t0 = Clock::now();
   const std::string path = dir.save(params, opt, r);
   std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
@@ -354,10 +489,9 @@ inline void validate_resume_record(const Options& o, const std::string& path, co
   if (auto v = scalar("trained_positions")) count_field(path, "trained_positions", *v);
 }
 
-/// Loads --resume into the model and optimizer, restores the loop's positions and hands back the loss
-/// scaler's state (if the run had one); returns the step reached. Sets `run_id` to the resumed run's.
-inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::Param>& params, tg::optim::Optimizer& opt,
-                                const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler, std::string& run_id) {
+/// --resume's checkpoint (a file, or a directory's newest; Note [runs own their checkpoints]) and its record,
+/// read before the data (the record fixes the tokenizer) and the model.
+inline tg::io::ResumeChoice choose_checkpoint(const Options& o) {
   tg::io::ResumeChoice choice;
   try {
     choice = tg::io::choose_resume(o.resume, o.resume_fallback);
@@ -367,9 +501,17 @@ inline std::int64_t resume_from(const Options& o, const std::vector<tg::optim::P
   }
   for (const auto& [bad_path, why] : choice.skipped)
     std::printf("warning: --resume-fallback: passing over the damaged %s: %s\n", bad_path.c_str(), why.c_str());
+  if (!choice.record) choice.record = tg::io::read_train_state_record(choice.path);
+  return choice;
+}
+
+/// Loads the checkpoint `choice` into the model and optimizer, restores the loop's positions and hands back
+/// the loss scaler's state (if the run had one); returns the step reached. Sets `run_id` to the resumed run's.
+inline std::int64_t resume_from(const Options& o, const tg::io::ResumeChoice& choice, const std::vector<tg::optim::Param>& params,
+                                tg::optim::Optimizer& opt, const LoopState& s, std::optional<tg::io::ScalerStateRecord>& scaler,
+                                std::string& run_id) {
   const std::string& path = choice.path;
-  const tg::io::TrainStateRecord probe = choice.record ? *choice.record : tg::io::read_train_state_record(path);
-  validate_resume_record(o, path, probe, s);  // before anything changes
+  validate_resume_record(o, path, *choice.record, s);  // before anything changes
   tg::io::TrainStateRecord r;
   try {
     r = tg::io::load_train_state(path, params, opt, {.allow_non_finite = o.allow_nonfinite_weights});
@@ -430,14 +572,14 @@ void restore_scaler_or_warn(Scaler& scaler, const std::optional<tg::io::ScalerSt
 /// The host side of a run, shared by the CPU and GPU loops.
 struct Run {
   const Options& o;
-  const tg::data::ByteTokenizer& tok;
+  const tg::data::AnyTokenizer& tok;
   const tg::data::TextDataset& ds;
   const tg::nn::GPTConfig& config;
   const std::vector<tg::optim::Param>& params;  // the host model's
   tg::optim::Optimizer& host_opt;
   tg::optim::Schedule& schedule;
   tg::optim::GradAccumRuntime& accum;
-  tg::data::BatchSampler& sampler;
+  tg::data::PrefetchingSampler& sampler;  // the train split's batches, prepared ahead on a thread
   tg::Generator& dropout_gen;
   tg::Generator& sample_gen;
   const LoopState& loop_state;
@@ -507,8 +649,10 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
   accum.on_non_finite(o.on_nonfinite == "skip" ? tg::optim::OnNonFinite::skip : tg::optim::OnNonFinite::stop);
   constexpr bool kScalerChecks = decltype(amp.scaler)::scales_loss;  // fp16: the scaler skips inf/NaN steps itself
   const bool tty = isatty(fileno(stdout));
-  std::printf("typegrad %s | data: %s (%lld train / %lld val tokens, byte-level)\n", TG_VERSION_STRING,
-              ds.source().c_str(), static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
+  std::printf("typegrad %s | data: %s (%lld train / %lld val tokens)\n", TG_VERSION_STRING, ds.source().c_str(),
+              static_cast<long long>(ds.train_size()), static_cast<long long>(ds.val_size()));
+  std::printf("tokenizer: %s\n", tok.describe().c_str());
+  const std::vector<std::int32_t> token_bytes = tok.token_byte_lengths();  // for bits per byte
   const std::string where = std::is_same_v<D, tg::cuda> ? "GPU: " + tg::backend::cuda::device_description()
                                                          : std::to_string(tg::backend::cpu::num_threads()) + " threads";
   std::printf("model %s: L=%lld H=%lld C=%lld T=%lld V=%lld, %.2fM parameters | %s, %s schedule, lr %.2g, batch %lldx%lld x%lld accum, %s\n",
@@ -520,13 +664,16 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
               o.device.c_str(), tg::checkpoint_mode_name(model.checkpoint()), (long long)r.trained_positions,
               (long long)config.block_size, (long long)window);
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), decltype(amp.scaler)::kind());
-  std::printf("baseline: a uniform guess over 256 bytes costs ln 256 = %.3f nats/byte\n", std::log(256.0));
+  const double uniform = std::log(static_cast<double>(config.vocab_size));
+  std::printf("baseline: a uniform guess over %lld tokens costs ln %lld = %.3f nats/token (loss: nats/token; bpb: bits per byte of text)\n",
+              (long long)config.vocab_size, (long long)config.vocab_size, uniform);
   std::fflush(stdout);  // the header before the first evaluation, which takes a while on a large model
-  const double val0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
-  std::printf("step 0: val loss %.4f\n", val0);
+  const Eval eval0 = evaluate(model, ds, o.batch, o.seq, o.eval_batches, token_bytes);
+  const double val0 = eval0.loss;
+  std::printf("step 0: val loss %.4f (%.3f bpb)\n", val0, eval0.bits_per_byte);
 
   const auto t_start = Clock::now();
-  double last_val = val0, best_val = val0;
+  double last_val = val0, best_val = val0, last_bpb = eval0.bits_per_byte, best_bpb = eval0.bits_per_byte;
   double train_time = 0;
   for (std::int64_t step = start_step + 1; step <= o.steps; ++step) {
     const auto t0 = Clock::now();
@@ -574,19 +721,23 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     if (tty) std::printf("\r%s\x1b[K", line);
     if (!tty && (step % 10 == 0 || step == 1 || step == o.steps)) std::printf("%s\n", line);
     if (eval_now) {
-      last_val = evaluate(model, ds, o.batch, o.seq, o.eval_batches);
+      const Eval e = evaluate(model, ds, o.batch, o.seq, o.eval_batches, token_bytes);
+      last_val = e.loss;
+      last_bpb = e.bits_per_byte;
       best_val = std::min(best_val, last_val);
-      std::printf("%sstep %lld: val loss %.4f (train loss ema %.4f)\n", tty ? "\n" : "", (long long)step, last_val, loss_ema);
+      best_bpb = std::min(best_bpb, last_bpb);
+      std::printf("%sstep %lld: val loss %.4f (%.3f bpb) (train loss ema %.4f)\n", tty ? "\n" : "", (long long)step, last_val,
+                  last_bpb, loss_ema);
     }
     if (o.sample_every > 0 && step % o.sample_every == 0 && step != o.steps)
       std::printf("%s--- sample at step %lld ---\n%s\n---\n", tty ? "\n" : "", (long long)step,
-                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen, window).c_str());
+                  generate(model, tok, o.prompt, o.sample_tokens / 2, o.temperature, o.top_k, sample_gen, window, o.top_p).c_str());
     if (log.is_open()) {
       std::ostringstream l;
       l << "{\"step\":" << step << ",\"loss\":" << step_loss << ",\"lr\":" << lr_used << ",\"grad_norm\":" << accum.last_grad_norm()
         << ",\"ms\":" << dt * 1e3 << ",\"tokens_per_s\":" << tok_s << ",\"bytes_in_use\":" << mem.bytes_in_use
         << ",\"loss_scale\":" << amp.scaler.scale() << ",\"skipped_steps\":" << amp.scaler.state().skipped_steps + nonfinite_skipped;
-      if (eval_now) l << ",\"val_loss\":" << last_val;
+      if (eval_now) l << ",\"val_loss\":" << last_val << ",\"val_bpb\":" << last_bpb;
       l << "}";
       log.write(step, l.str());
     }
@@ -597,14 +748,20 @@ int train(Run& r, const Model& model, Opt& opt, Amp& amp, SyncHost&& sync_host) 
     std::fflush(stdout);
   }
   if (tty) std::printf("\n");
-  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen, window);
-  std::printf("\n--- sample (temperature %.2f, top-k %lld, window %lld positions) ---\n%s\n---\n", o.temperature,
-              (long long)o.top_k, (long long)window, sample.c_str());
+  const auto t_sample = Clock::now();
+  const auto sample = generate(model, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, sample_gen, window, o.top_p);
+  const double sample_s = seconds_since(t_sample);
+  std::printf("\n--- sample (temperature %.2f, top-k %lld, top-p %.2f, window %lld positions; %.0f tokens/s with a KV cache) ---\n%s\n---\n",
+              o.temperature, (long long)o.top_k, o.top_p, (long long)window, static_cast<double>(o.sample_tokens) / std::max(sample_s, 1e-9),
+              sample.c_str());
   const auto mem = tg::allocator<D>().stats();
   std::printf("\nsummary\n");
   std::printf("  steps             %lld (%lld tokens)\n", (long long)o.steps, (long long)tokens_done);
   std::printf("  train loss (ema)  %.4f\n", loss_ema);
-  std::printf("  val loss          %.4f at the end, %.4f best, %.4f at step 0 (ln 256 = %.4f)\n", last_val, best_val, val0, std::log(256.0));
+  std::printf("  val loss          %.4f at the end, %.4f best, %.4f at step 0 (ln %lld = %.4f)\n", last_val, best_val, val0,
+              (long long)config.vocab_size, uniform);
+  std::printf("  val bits/byte     %.4f at the end, %.4f best, %.4f at step 0 (%s)\n", last_bpb, best_bpb, eval0.bits_per_byte,
+              tok.describe().c_str());
   const std::int64_t steps_run = std::max<std::int64_t>(1, o.steps - start_step);  // in this process (after --resume)
   std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(steps_run) * 1e3,
               static_cast<double>(o.batch * o.seq * o.grad_accum * steps_run) / std::max(train_time, 1e-9));

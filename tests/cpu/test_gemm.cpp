@@ -16,6 +16,7 @@
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/cpu_features.hpp"
 #include "typegrad/detail/cpu/gemm.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"
 
 namespace {
 
@@ -467,15 +468,15 @@ TEST_P(GemmByKernel, ResultDoesNotDependOnTheThreadCount) {
 }
 
 /// Runs the OpenMP code with `n` threads for the lifetime of the guard (CTest runs with OMP_NUM_THREADS=1).
+/// Pins the team to n threads for a scope (set_num_threads also stops the library from adapting the team to
+/// other programs' load, Note [threads under contention], which would undo omp_set_num_threads), then hands
+/// the team size back to the library's default.
 class ThreadCount {
  public:
-  explicit ThreadCount(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(saved_); }
+  explicit ThreadCount(int n) { tg::backend::cpu::set_num_threads(n); }
+  ~ThreadCount() { tg::backend::cpu::set_num_threads(0); }
   ThreadCount(const ThreadCount&) = delete;
   ThreadCount& operator=(const ThreadCount&) = delete;
-
- private:
-  int saved_;
 };
 
 /// Several jc blocks of different widths (N = 4200 over NC = 4096) and K blocks, on 2 threads: the

@@ -1,14 +1,18 @@
 // Tests of include/typegrad/data: ByteTokenizer, Gpt2BpeTokenizer (a tiny consistent BPE written to a temp
-// dir), GPT-2 pre-tokenization, TextDataset splits and errors, BatchSampler, and the fortunes corpus.
+// dir), GPT-2 pre-tokenization, TextDataset splits and errors, BatchSampler, the fortunes corpus, token files
+// (export, mmap, validation errors, sidecar) and the PrefetchingSampler.
 //   ./build/cpu/tests/test_data --gtest_filter='Gpt2Bpe*'
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -17,7 +21,9 @@
 
 #include "typegrad/core/random.hpp"
 #include "typegrad/data/dataset.hpp"
+#include "typegrad/data/prefetch.hpp"
 #include "typegrad/data/sampler.hpp"
+#include "typegrad/data/token_file.hpp"
 #include "typegrad/data/tokenizer.hpp"
 
 namespace {
@@ -581,6 +587,447 @@ TEST(BatchSampler, RejectsSplitsShorterThanContextPlusOne) {
   EXPECT_THROW(BatchSampler(ds.train(), 2, 0, 0), tg::Error);
   const BatchSampler r(ds.train(), 2, 8, 0);
   EXPECT_THROW(r.num_batches(), tg::Error);
+}
+
+// ---- token files -------------------------------------------------------------------------------------
+
+using tg::data::PrefetchingSampler;
+using tg::data::SamplerPosition;
+using tg::data::TokenStream;
+
+/// n pseudo-random ids in [0, vocab).
+std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+  tg::Generator gen(seed);
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& v : t) v = static_cast<std::int32_t>(gen.next_u64() % static_cast<std::uint64_t>(vocab));
+  return t;
+}
+
+/// A raw token file: the 256-int32 header given by its first slots, then `payload` bytes.
+fs::path write_raw_token_file(const TempDir& dir, const std::string& name, std::vector<std::int32_t> header_slots,
+                              const std::string& payload) {
+  std::vector<std::int32_t> header(256, 0);
+  std::copy(header_slots.begin(), header_slots.end(), header.begin());
+  std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+  return dir.write(name, bytes + payload);
+}
+std::string u16_bytes(const std::vector<std::uint16_t>& ids) {
+  return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+}
+
+void expect_same_batches(BatchSampler& a, BatchSampler& b, int n) {
+  for (int i = 0; i < n; ++i) {
+    const auto ba = a.next(), bb = b.next();
+    ASSERT_EQ(values(ba.inputs), values(bb.inputs)) << "batch " << i;
+    ASSERT_EQ(values(ba.targets), values(bb.targets)) << "batch " << i;
+  }
+}
+
+TEST(TokenFile, ExportThenMmapEqualsInMemoryDataset) {
+  TempDir dir;
+  const std::vector<std::int32_t> tokens = random_tokens(20011, 300, 3);
+  const fs::path p = dir.path() / "corpus.bin";
+  tg::data::write_token_file(p, tokens, 300, "{\"tokenizer\": 1}");
+  EXPECT_EQ(fs::file_size(p), 1024u + 2u * tokens.size());
+  EXPECT_TRUE(tg::data::is_token_file(p));
+
+  const auto tf = tg::data::open_token_file(p, 300);
+  EXPECT_EQ(tf.size(), 20011);
+  EXPECT_EQ(tf.width(), 2);
+  EXPECT_EQ(tf.vocab_size(), 300);
+  EXPECT_EQ(tf.max_id(), *std::max_element(tokens.begin(), tokens.end()));
+  EXPECT_EQ(tf.header().version, 1);
+  EXPECT_EQ(tf.header().count, 20011);
+  EXPECT_EQ(tf.header().vocab_size, 300);
+  EXPECT_EQ(tf.header().max_id, tf.max_id());
+  EXPECT_TRUE(tf.header().has_tokenizer);
+  const TokenStream& st = *tf.stream();
+  EXPECT_FALSE(st.in_memory());
+  EXPECT_EQ(st.kind(), TokenStream::Kind::uint16);
+  for (std::int64_t i = 0; i < st.size(); ++i) ASSERT_EQ(st.at(i), tokens[static_cast<std::size_t>(i)]) << i;
+  std::vector<std::int64_t> window(100);
+  st.copy_window(20011 - 100, 100, window.data());
+  for (std::size_t k = 0; k < 100; ++k) EXPECT_EQ(window[k], tokens[20011 - 100 + k]);
+  EXPECT_THROW(st.copy_window(20011 - 99, 100, window.data()), tg::Error);
+  EXPECT_THROW(st.at(20011), tg::Error);
+  EXPECT_THROW(st.at(-1), tg::Error);
+
+  const TextDataset mem(tokens, 0.1, 64);
+  const TextDataset file = tf.dataset(0.1, 64);
+  EXPECT_EQ(file.size(), mem.size());
+  EXPECT_EQ(file.train_size(), mem.train_size());
+  EXPECT_EQ(file.val_size(), mem.val_size());
+  EXPECT_NE(file.source().find(p.string()), std::string::npos) << file.source();
+  EXPECT_EQ(file.validation().at(0), tokens[static_cast<std::size_t>(mem.train_size())]);
+  // The in-memory accessors say what to use instead for a mapped stream.
+  const std::string msg = error_of([&] { (void)file.tokens(); });
+  EXPECT_NE(msg.find("copy_window"), std::string::npos) << msg;
+  EXPECT_THROW((void)file.train().tokens(), tg::Error);
+
+  for (std::int64_t B : {1, 4}) {
+    BatchSampler a(mem.train(), B, 64, 11), b(file.train(), B, 64, 11);
+    expect_same_batches(a, b, 25);
+  }
+  auto va = BatchSampler::sequential(mem.validation(), 3, 64), vb = BatchSampler::sequential(file.validation(), 3, 64);
+  expect_same_batches(va, vb, static_cast<int>(va.num_batches()) + 2);  // a full pass and the wrap
+
+  // vocab 0 takes the header's; the static factory reads the same dataset.
+  EXPECT_EQ(tg::data::open_token_file(p).vocab_size(), 300);
+  const auto ds = TextDataset::from_token_file(p, 300, 0.1, 64);
+  EXPECT_EQ(ds.train_size(), mem.train_size());
+  BatchSampler c(mem.train(), 2, 64, 5), d(ds.train(), 2, 64, 5);
+  expect_same_batches(c, d, 5);
+  // The split checks apply to files too.
+  EXPECT_THROW(tf.dataset(0.001, 64), tg::Error);  // 20 validation tokens < 65
+}
+
+TEST(TokenFile, DatasetOutlivesTheTokenFileObject) {
+  TempDir dir;
+  const auto tokens = random_tokens(5000, 50, 9);
+  const fs::path p = dir.path() / "t.bin";
+  tg::data::write_token_file(p, tokens, 50);
+  std::optional<BatchSampler> s;
+  {
+    const TextDataset ds = tg::data::open_token_file(p, 50).dataset(0.0);
+    s.emplace(ds.train(), 2, 16, 1);
+  }  // the file object and the dataset are gone; the split keeps the mapping alive
+  const TextDataset mem(tokens, 0.0);
+  BatchSampler m(mem.train(), 2, 16, 1);
+  expect_same_batches(*s, m, 5);
+}
+
+TEST(TokenFile, TokenizerSidecarRoundTrip) {
+  TempDir dir;
+  const fs::path p = dir.path() / "c.bin";
+  const std::string json = "{\"model\": {\"type\": \"BPE\"},\n \"x\": \"caf\xC3\xA9 \\u0000\"}\n";
+  tg::data::write_token_file(p, random_tokens(100, 256, 1), 256, json);
+  EXPECT_TRUE(fs::exists(tg::data::token_file_tokenizer_path(p)));
+  EXPECT_EQ(tg::data::token_file_tokenizer_path(p).string(), p.string() + ".tokenizer.json");
+  auto tf = tg::data::open_token_file(p, 256);
+  ASSERT_TRUE(tf.tokenizer_json().has_value());
+  EXPECT_EQ(*tf.tokenizer_json(), json);
+  // Re-exported without a tokenizer: no sidecar, and the stale one is gone.
+  tg::data::write_token_file(p, random_tokens(100, 256, 2), 256, "");
+  EXPECT_FALSE(fs::exists(tg::data::token_file_tokenizer_path(p)));
+  tf = tg::data::open_token_file(p, 256);
+  EXPECT_FALSE(tf.header().has_tokenizer);
+  EXPECT_FALSE(tf.tokenizer_json().has_value());
+  // A header that claims a sidecar which is missing.
+  tg::data::write_token_file(p, random_tokens(100, 256, 2), 256, "{}");
+  fs::remove(tg::data::token_file_tokenizer_path(p));
+  const std::string msg = error_of([&] { tg::data::open_token_file(p, 256); });
+  EXPECT_NE(msg.find(p.string() + ".tokenizer.json"), std::string::npos) << msg;
+  // Only the data file and nothing temporary in the directory.
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    ++entries;
+    EXPECT_EQ(e.path().filename(), "c.bin");
+  }
+  EXPECT_EQ(entries, 1);
+}
+
+TEST(TokenFile, IsTokenFileLooksAtTheMagic) {
+  TempDir dir;
+  const fs::path bin = dir.path() / "a.bin";
+  tg::data::write_token_file(bin, std::vector<std::int32_t>{1, 2, 3}, 4);
+  EXPECT_TRUE(tg::data::is_token_file(bin));
+  EXPECT_FALSE(tg::data::is_token_file(dir.write("text.txt", "hello world, this is text\n")));
+  EXPECT_FALSE(tg::data::is_token_file(dir.write("short", "\x58")));
+  EXPECT_FALSE(tg::data::is_token_file(dir.path() / "missing.bin"));
+  EXPECT_FALSE(tg::data::is_token_file(dir.path()));
+}
+
+TEST(TokenFile, RejectsWrongMagicNamingWhatWasExpected) {
+  TempDir dir;
+  const fs::path txt = dir.write("corpus.txt", "hello world, not a token file at all, but long enough to have a header");
+  const std::string msg = error_of([&] { tg::data::open_token_file(txt, 256); });
+  EXPECT_NE(msg.find(txt.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("20240520"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llm.c"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"hell\""), std::string::npos) << msg;  // what was found
+  const fs::path empty = dir.write("empty.bin", "");
+  EXPECT_NE(error_of([&] { tg::data::open_token_file(empty, 256); }).find("only 0 bytes"), std::string::npos);
+}
+
+TEST(TokenFile, RejectsTruncatedAndPaddedFilesNamingSizes) {
+  TempDir dir;
+  const fs::path p = dir.path() / "t.bin";
+  tg::data::write_token_file(p, random_tokens(1000, 256, 4), 256);  // 1024 + 2000 = 3024 bytes
+  fs::resize_file(p, 3022);
+  std::string msg = error_of([&] { tg::data::open_token_file(p, 256); });
+  EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3024"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3022"), std::string::npos) << msg;
+  fs::resize_file(p, 3030);
+  msg = error_of([&] { tg::data::open_token_file(p, 256); });
+  EXPECT_NE(msg.find("padded"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3024"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3030"), std::string::npos) << msg;
+  fs::resize_file(p, 500);  // shorter than the header
+  msg = error_of([&] { tg::data::open_token_file(p, 256); });
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1024-byte header"), std::string::npos) << msg;
+}
+
+TEST(TokenFile, RejectsCountZeroAndUnknownVersions) {
+  TempDir dir;
+  const fs::path zero = write_raw_token_file(dir, "zero.bin", {20240520, 1, 0}, "");
+  std::string msg = error_of([&] { tg::data::open_token_file(zero, 256); });
+  EXPECT_NE(msg.find(zero.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("count is 0"), std::string::npos) << msg;
+  const fs::path v3 = write_raw_token_file(dir, "v3.bin", {20240520, 3, 2}, u16_bytes({1, 2}));
+  msg = error_of([&] { tg::data::open_token_file(v3, 256); });
+  EXPECT_NE(msg.find("version 3"), std::string::npos) << msg;
+}
+
+TEST(TokenFile, RejectsIdsOutsideTheCallersVocabulary) {
+  TempDir dir;
+  // Written for a vocabulary of 1000; one id past 256 at position 1234.
+  std::vector<std::int32_t> tokens = random_tokens(3000, 256, 5);
+  tokens[1234] = 700;
+  tokens[2000] = 900;
+  const fs::path p = dir.path() / "gpt.bin";
+  tg::data::write_token_file(p, tokens, 1000);
+  std::string msg = error_of([&] { tg::data::open_token_file(p, 256); });
+  EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("token 1234 has id 700"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocabulary of 256"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("written for a vocabulary of 1000"), std::string::npos) << msg;
+  EXPECT_NO_THROW(tg::data::open_token_file(p, 1000));
+  EXPECT_NO_THROW(tg::data::open_token_file(p, 1001));  // a larger vocabulary than the writer's is accepted
+  EXPECT_THROW(tg::data::open_token_file(p, 901), tg::Error);  // a smaller one is not, though every id fits
+  // Every id fits, but the header says the ids are another (larger) vocabulary's.
+  const fs::path q = dir.path() / "small_ids.bin";
+  tg::data::write_token_file(q, random_tokens(3000, 256, 6), 1000);
+  msg = error_of([&] { tg::data::open_token_file(q, 256); });
+  EXPECT_NE(msg.find("written for a vocabulary of 1000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pass the tokenizer it was written with"), std::string::npos) << msg;
+  // An llm.c file (no vocabulary recorded): checked against the caller's; without one it cannot be.
+  const fs::path l = write_raw_token_file(dir, "llmc.bin", {20240520, 1, 4}, u16_bytes({5, 50256, 7, 300}));
+  msg = error_of([&] { tg::data::open_token_file(l, 256); });
+  EXPECT_NE(msg.find("token 1 has id 50256"), std::string::npos) << msg;
+  EXPECT_EQ(tg::data::open_token_file(l, 50257).max_id(), 50256);
+  msg = error_of([&] { tg::data::open_token_file(l, 0); });
+  EXPECT_NE(msg.find("records no vocabulary"), std::string::npos) << msg;
+  // A header whose recorded largest id disagrees with the tokens: corrupt.
+  const fs::path c = write_raw_token_file(dir, "corrupt.bin", {20240520, 1, 3, 100, 50}, u16_bytes({1, 60, 2}));
+  msg = error_of([&] { tg::data::open_token_file(c, 100); });
+  EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+}
+
+TEST(TokenFile, Version2FilesHoldUint32Ids) {
+  TempDir dir;
+  const std::vector<std::int32_t> tokens = random_tokens(4000, 128256, 8);  // llm.c's LLaMA-3 layout
+  std::vector<std::uint32_t> ids(tokens.begin(), tokens.end());
+  const fs::path p = write_raw_token_file(dir, "llama.bin", {20240520, 2, 4000},
+                                          std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
+  const auto tf = tg::data::open_token_file(p, 128256);
+  EXPECT_EQ(tf.width(), 4);
+  EXPECT_EQ(tf.stream()->kind(), TokenStream::Kind::uint32);
+  const TextDataset mem(tokens, 0.1), file = tf.dataset(0.1);
+  BatchSampler a(mem.train(), 3, 50, 2), b(file.train(), 3, 50, 2);
+  expect_same_batches(a, b, 10);
+  EXPECT_THROW(tg::data::open_token_file(p, 65536), tg::Error);
+}
+
+TEST(TokenFile, WriteRejectsBadIdsAndVocabulariesLeavingNothing) {
+  TempDir dir;
+  const fs::path p = dir.path() / "out.bin";
+  std::vector<std::int32_t> tokens = random_tokens(1000, 256, 7);
+  tokens[517] = 256;
+  std::string msg = error_of([&] { tg::data::write_token_file(p, tokens, 256, "{}"); });
+  EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("token 517 has id 256"), std::string::npos) << msg;
+  tokens[517] = -1;
+  msg = error_of([&] { tg::data::write_token_file(p, tokens, 256); });
+  EXPECT_NE(msg.find("token 517 has id -1"), std::string::npos) << msg;
+  tokens[517] = 0;
+  msg = error_of([&] { tg::data::write_token_file(p, tokens, 65537); });
+  EXPECT_NE(msg.find("65537"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("uint16"), std::string::npos) << msg;
+  EXPECT_THROW(tg::data::write_token_file(p, tokens, 0), tg::Error);
+  EXPECT_THROW(tg::data::write_token_file(p, std::vector<std::int32_t>{}, 256), tg::Error);
+  EXPECT_TRUE(fs::is_empty(dir.path()));  // neither a file, a sidecar nor a temporary
+  EXPECT_NO_THROW(tg::data::write_token_file(p, tokens, 65536));  // the largest uint16 vocabulary
+  EXPECT_EQ(tg::data::open_token_file(p).vocab_size(), 65536);
+  // A write into a missing directory names the path and the system's reason.
+  const fs::path nodir = dir.path() / "no_such_dir" / "x.bin";
+  msg = error_of([&] { tg::data::write_token_file(nodir, tokens, 256); });
+  EXPECT_NE(msg.find(nodir.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
+}
+
+TEST(TokenFile, MissingFileNamesThePath) {
+  TempDir dir;
+  const fs::path missing = dir.path() / "nope.bin";
+  std::string msg = error_of([&] { tg::data::open_token_file(missing, 256); });
+  EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+  msg = error_of([&] { tg::data::open_token_file(dir.path(), 256); });
+  EXPECT_NE(msg.find("is a directory"), std::string::npos) << msg;
+  msg = error_of([&] { TextDataset::from_token_file(missing, 256); });
+  EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
+}
+
+// ---- PrefetchingSampler --------------------------------------------------------------------------------
+
+void expect_same_batches(PrefetchingSampler& a, BatchSampler& b, int n) {
+  for (int i = 0; i < n; ++i) {
+    const auto ba = a.next(), bb = b.next();
+    ASSERT_EQ(values(ba.inputs), values(bb.inputs)) << "batch " << i;
+    ASSERT_EQ(values(ba.targets), values(bb.targets)) << "batch " << i;
+    ASSERT_EQ(a.position(), b.position()) << "batch " << i;
+  }
+}
+
+/// Waits (up to 10 s) until pred() holds.
+template <class F>
+bool eventually(F&& pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(PrefetchingSampler, YieldsThePlainSamplersBatches) {
+  TempDir dir;
+  const auto tokens = random_tokens(30000, 500, 12);
+  const fs::path p = dir.path() / "c.bin";
+  tg::data::write_token_file(p, tokens, 500);
+  const TextDataset mem(tokens, 0.1), file = TextDataset::from_token_file(p, 500, 0.1);
+  for (int depth : {0, 1, 2, 5}) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    PrefetchingSampler pf(BatchSampler(file.train(), 4, 32, 21), depth);
+    EXPECT_EQ(pf.depth(), depth);
+    ASSERT_NE(pf.sampler(), nullptr);
+    EXPECT_EQ(pf.sampler()->batch_size(), 4);
+    BatchSampler plain(mem.train(), 4, 32, 21);
+    expect_same_batches(pf, plain, 50);
+  }
+  // Sequential (validation) across the wrap, and from a sampler already advanced.
+  PrefetchingSampler pv(BatchSampler::sequential(file.validation(), 8, 32));
+  auto plain_v = BatchSampler::sequential(mem.validation(), 8, 32);
+  expect_same_batches(pv, plain_v, static_cast<int>(plain_v.num_batches()) * 2 + 1);
+  BatchSampler advanced(mem.train(), 2, 16, 4);
+  for (int i = 0; i < 7; ++i) advanced.next();
+  PrefetchingSampler pa(advanced);
+  EXPECT_EQ(pa.position().counter, 7u);
+  expect_same_batches(pa, advanced, 10);
+}
+
+TEST(PrefetchingSampler, ResumeContinuesIdentically) {
+  const TextDataset ds(random_tokens(20000, 100, 13), 0.1);
+  PrefetchingSampler pf(BatchSampler(ds.train(), 4, 16, 77));
+  for (int i = 0; i < 10; ++i) pf.next();
+  const SamplerPosition pos = pf.position();
+  EXPECT_EQ(pos, (SamplerPosition{77, 10}));
+  std::vector<std::vector<std::int64_t>> expected;
+  for (int i = 0; i < 6; ++i) expected.push_back(values(pf.next().inputs));
+  pf.set_position(pos);  // discards what the worker prepared (batches 16, 17)
+  EXPECT_EQ(pf.position(), pos);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(values(pf.next().inputs), expected[static_cast<std::size_t>(i)]) << i;
+  // A fresh prefetcher (another seed) resumed at pos, and the plain sampler resumed there, agree.
+  PrefetchingSampler fresh(BatchSampler(ds.train(), 4, 16, 1));
+  fresh.next();
+  fresh.set_position(pos);
+  BatchSampler plain(ds.train(), 4, 16, 0);
+  plain.set_position(pos);
+  expect_same_batches(fresh, plain, 20);
+  // Another seed via set_position, then reset() back to counter 0 of that seed.
+  fresh.set_position({5, 3});
+  BatchSampler seed5(ds.train(), 4, 16, 5);
+  for (int i = 0; i < 3; ++i) seed5.next();
+  expect_same_batches(fresh, seed5, 5);
+  fresh.reset();
+  seed5.reset();
+  EXPECT_EQ(fresh.position(), (SamplerPosition{5, 0}));
+  expect_same_batches(fresh, seed5, 5);
+  // Moved: the worker keeps going for the new owner.
+  PrefetchingSampler moved(std::move(fresh));
+  expect_same_batches(moved, seed5, 5);
+  PrefetchingSampler assigned(BatchSampler(ds.train(), 4, 16, 9));
+  assigned = std::move(moved);
+  expect_same_batches(assigned, seed5, 5);
+}
+
+TEST(PrefetchingSampler, WorksAheadAtMostDepthBatches) {
+  std::atomic<int> calls{0};
+  std::atomic<std::uint64_t> last{0};
+  PrefetchingSampler pf(
+      [&](const SamplerPosition& p) {
+        last = p.counter;
+        ++calls;
+        return tg::data::Batch{tg::Tensor<std::int64_t>::full({1, 1}, static_cast<double>(p.counter)),
+                               tg::Tensor<std::int64_t>::full({1, 1}, static_cast<double>(p.seed))};
+      },
+      SamplerPosition{3, 100}, 2);
+  ASSERT_TRUE(eventually([&] { return calls.load() >= 2; }));  // prepared before anyone asked
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(calls.load(), 2);  // and no further than depth
+  EXPECT_EQ(last.load(), 101u);
+  const auto b = pf.next();
+  EXPECT_EQ(b.inputs.at({0, 0}), 100);
+  EXPECT_EQ(b.targets.at({0, 0}), 3);
+  ASSERT_TRUE(eventually([&] { return calls.load() >= 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(pf.next().inputs.at({0, 0}), 101);
+  EXPECT_EQ(pf.position(), (SamplerPosition{3, 102}));
+}
+
+TEST(PrefetchingSampler, RethrowsWorkerExceptionsFromNext) {
+  PrefetchingSampler pf(
+      [](const SamplerPosition& p) {
+        if (p.counter == 3) throw tg::Error("producer: batch ", p.counter, " is bad");
+        return tg::data::Batch{tg::Tensor<std::int64_t>::full({1}, static_cast<double>(p.counter)),
+                               tg::Tensor<std::int64_t>::full({1}, 0.0)};
+      },
+      SamplerPosition{0, 0}, 2);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(pf.next().inputs.at({0}), i);
+  const std::string msg = error_of([&] { pf.next(); });
+  EXPECT_NE(msg.find("batch 3 is bad"), std::string::npos) << msg;
+  EXPECT_EQ(pf.position().counter, 4u);  // the failed batch counts, as in the plain sampler
+  EXPECT_EQ(pf.next().inputs.at({0}), 4);
+  pf.set_position({0, 3});
+  EXPECT_THROW(pf.next(), tg::Error);
+  EXPECT_EQ(pf.next().inputs.at({0}), 4);
+  // Any exception type gets through; a depth of 0 throws directly.
+  PrefetchingSampler other([](const SamplerPosition&) -> tg::data::Batch { throw std::runtime_error("not tg"); },
+                           SamplerPosition{}, 1);
+  EXPECT_THROW(other.next(), std::runtime_error);
+  PrefetchingSampler sync([](const SamplerPosition&) -> tg::data::Batch { throw tg::Error("sync", "!"); },
+                          SamplerPosition{}, 0);
+  EXPECT_THROW(sync.next(), tg::Error);
+  EXPECT_THROW(PrefetchingSampler(BatchSampler(TextDataset(iota_tokens(100), 0.0).train(), 1, 8), -1), tg::Error);
+}
+
+TEST(PrefetchingSampler, DestructionMidStreamReturnsPromptly) {
+  using clock = std::chrono::steady_clock;
+  auto slow = [](const SamplerPosition& p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return tg::data::Batch{tg::Tensor<std::int64_t>::full({1}, static_cast<double>(p.counter)),
+                           tg::Tensor<std::int64_t>::full({1}, 0.0)};
+  };
+  for (int taken : {0, 1, 3}) {
+    auto pf = std::make_unique<PrefetchingSampler>(slow, SamplerPosition{}, 4);
+    for (int i = 0; i < taken; ++i) EXPECT_EQ(pf->next().inputs.at({0}), i);
+    const auto t0 = clock::now();
+    pf.reset();  // the worker is mid-batch or waiting
+    const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    EXPECT_LT(ms, 2000.0) << "after " << taken << " batches";  // at most one batch (20 ms) plus the join
+  }
+  // A worker blocked on a full queue.
+  const TextDataset ds(iota_tokens(1000), 0.0);
+  auto pf = std::make_unique<PrefetchingSampler>(BatchSampler(ds.train(), 2, 8, 1), 2);
+  pf->next();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto t0 = clock::now();
+  pf.reset();
+  const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  EXPECT_LT(ms, 2000.0);
 }
 
 // ---- fortunes -----------------------------------------------------------------------------------------

@@ -51,6 +51,12 @@ std::vector<tg::optim::NamedTensor> weights_of(const TinyRun& r) {
 class ExactResume : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExactResume, interrupted_run_is_bit_identical_to_uninterrupted) {
+  // Bit for bit needs one team size throughout: pin it, so that the library does not shrink the team while
+  // other programs load the machine (Note [threads under contention]: fp64 reductions round per team).
+  struct Pin {
+    Pin() { tg::backend::cpu::set_num_threads(tg::backend::cpu::num_threads()); }
+    ~Pin() { tg::backend::cpu::set_num_threads(0); }
+  } pin;
   const TinyRunConfig cfg{.precision = GetParam(), .steps = 6, .grad_accum = 2, .dropout = 0.1f};
   constexpr std::int64_t k = 3;
 

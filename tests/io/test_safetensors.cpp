@@ -359,6 +359,8 @@ io::TrainStateRecord full_record() {
   r.scaler = io::ScalerStateRecord{32768.0, 17, 3, 40};
   r.scalars["loss_ema"] = 2.718281828459045;
   r.config_json = R"({"model":"tiny","lr":0.002,"nested":{"a":[1,2]}})";
+  r.model_json = R"({"block_size":64,"n_embd":32,"n_head":2,"n_layer":2,"vocab_size":300})";
+  r.tokenizer_json = R"({"kind":"bpe","merges":[[104,105]]} not parsed here)";
   return r;
 }
 
@@ -387,6 +389,8 @@ TEST(TrainState, round_trip_restores_record_weights_and_optimizer) {
   const auto rb = io::read_train_state_record(path);
   EXPECT_FALSE(rb.scaler.has_value());
   EXPECT_FALSE(rb.grad_accum.has_value());
+  EXPECT_TRUE(rb.model_json.empty());
+  EXPECT_TRUE(rb.tokenizer_json.empty());
   // The file doubles as a weights file.
   SmallModel c(3);
   io::load_weights(path, c.params);

@@ -38,6 +38,9 @@ struct SamplerPosition {
 /// of counter (c, r) under key seed gives 64 random bits u, and start = floor(u * (n - T) / 2^64) (Lemire's
 /// multiply-shift; bias below (n - T) / 2^64). So batches do not depend on how many were drawn before or
 /// on B for the rows they share, and (seed, c) is the whole state, kept as a tg::Generator's (seed, offset).
+/// A batch is read from the split's TokenStream with copy_window, so it is bit-identical whether the stream
+/// is in memory or a token file's mapping (Note [token streams]); batch_at(position) computes any batch
+/// without drawing, which is what the prefetching sampler's worker thread calls (data/prefetch.hpp).
 class BatchSampler {
  public:
   BatchSampler(TokenSplit split, std::int64_t batch, std::int64_t context, std::uint64_t seed = 0,
@@ -72,7 +75,9 @@ class BatchSampler {
   void reset() { gen_.set_state(gen_.seed(), 0); }
 
   /// Window starts (relative to the split) of batch `counter`; a pure function of (seed, counter).
-  std::vector<std::int64_t> window_starts(std::uint64_t counter) const {
+  std::vector<std::int64_t> window_starts(std::uint64_t counter) const { return window_starts(gen_.seed(), counter); }
+  /// The window starts of batch `counter` under `seed` (this sampler's split, B, T and mode).
+  std::vector<std::int64_t> window_starts(std::uint64_t seed, std::uint64_t counter) const {
     std::vector<std::int64_t> starts;
     if (mode_ == SampleMode::random) {
       const auto n_starts = static_cast<std::uint64_t>(num_windows());
@@ -82,7 +87,7 @@ class BatchSampler {
         const auto w = detail::philox4x32_10(
             {static_cast<std::uint32_t>(counter), static_cast<std::uint32_t>(counter >> 32),
              static_cast<std::uint32_t>(ru), static_cast<std::uint32_t>(ru >> 32)},
-            {static_cast<std::uint32_t>(gen_.seed()), static_cast<std::uint32_t>(gen_.seed() >> 32)});
+            {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
         const std::uint64_t u = (static_cast<std::uint64_t>(w[0]) << 32) | w[1];
         starts[static_cast<std::size_t>(r)] =
             static_cast<std::int64_t>((static_cast<unsigned __int128>(u) * n_starts) >> 64);
@@ -96,22 +101,27 @@ class BatchSampler {
     return starts;
   }
 
-  /// The next batch: inputs and targets (rows, T), rows = B (sequential: fewer in a pass's last batch).
-  Batch next() {
-    const std::vector<std::int64_t> starts = window_starts(gen_.advance(1));
+  /// The batch next() returns at position p (seed p.seed, batch p.counter), without moving this sampler:
+  /// a pure function of p and the sampler's split, B, T and mode, safe to call from several threads.
+  Batch batch_at(const SamplerPosition& p) const {
+    const std::vector<std::int64_t> starts = window_starts(p.seed, p.counter);
     const auto rows = static_cast<std::int64_t>(starts.size());
     Batch b{Tensor<std::int64_t>::empty({rows, context_}), Tensor<std::int64_t>::empty({rows, context_})};
-    const std::int32_t* tok = split_.tokens().data();
-    std::int64_t* x = b.inputs.data();
-    std::int64_t* y = b.targets.data();
+    std::int64_t* x = b.inputs.data();   // (rows,T)
+    std::int64_t* y = b.targets.data();  // (rows,T)
+    const TokenStream& stream = *split_.stream;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int32_t* w = tok + starts[static_cast<std::size_t>(r)];
-      for (std::int64_t t = 0; t < context_; ++t) {
-        x[r * context_ + t] = w[t];
-        y[r * context_ + t] = w[t + 1];
-      }
+      const std::int64_t s = split_.begin + starts[static_cast<std::size_t>(r)];
+      stream.copy_window(s, context_, x + r * context_);
+      stream.copy_window(s + 1, context_, y + r * context_);
     }
     return b;
+  }
+
+  /// The next batch: inputs and targets (rows, T), rows = B (sequential: fewer in a pass's last batch).
+  Batch next() {
+    const std::uint64_t seed = gen_.seed();
+    return batch_at({seed, gen_.advance(1)});
   }
 
  private:

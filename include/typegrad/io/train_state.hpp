@@ -73,6 +73,8 @@ struct TrainStateRecord {
   std::string config_json = "{}";         ///< the run's configuration, a JSON object
   std::string optimizer;                  ///< Optimizer::name(); filled by save, checked by load
   std::string run_id;                     ///< the run that wrote it (Note [runs own their checkpoints]); "" in old files
+  std::string model_json;                 ///< the model's shape as a JSON object (GPTConfig); "" when not recorded
+  std::string tokenizer_json;             ///< the tokenizer that made the tokens (data::AnyTokenizer::to_json); "" when not recorded
   bool operator==(const TrainStateRecord&) const = default;
 };
 

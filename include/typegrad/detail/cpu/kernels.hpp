@@ -26,9 +26,10 @@ void random_normal(T* dst, std::int64_t n, std::uint64_t seed, std::uint64_t off
 template <class T>
 void arange(T* dst, std::int64_t n, double start, double step);
 
-/// Sets the number of OpenMP threads every CPU kernel uses (n > 0 pins it); 0 restores the default: the
-/// CPUs of the affinity mask, or the cgroup's CPU quota when lower, fewer while other programs keep CPUs
-/// busy (Note [OpenMP on a shared machine], Note [threads under contention], kernels.cpp).
+/// Sets the number of OpenMP threads every CPU kernel uses (n > 0 pins it); 0 restores the default:
+/// OMP_NUM_THREADS when set, else the CPUs of the affinity mask, or the cgroup's CPU quota when lower, fewer
+/// while other programs keep CPUs busy (Note [OpenMP on a shared machine], Note [threads under contention],
+/// kernels.cpp).
 void set_num_threads(int n);
 /// Re-counts the other programs' runnable threads (at most every 100 ms) and resizes a default-sized team
 /// to the CPUs they leave; a no-op for a pinned team or inside a parallel region.
