@@ -80,7 +80,7 @@ int gpt2_unicode_to_byte(char32_t cp);
 /// The pieces partition the input exactly (their concatenation is the input), whatever the bytes.
 std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text);
 /// The pieces of gpt2_pre_tokenize(text), in order, to f, computed about chunk_bytes at a time so memory stays
-/// bounded for large texts (Note [pre-tokenization in chunks], backends/cpu/data_bpe_train.cpp).
+/// bounded for large texts (Note [pre-tokenization in chunks], src/data/bpe_train.cpp).
 void gpt2_pre_tokenize_each(std::string_view text, const std::function<void(std::string_view)>& f,
                             std::size_t chunk_bytes = std::size_t{1} << 20);
 
