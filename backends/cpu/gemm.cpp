@@ -2,6 +2,7 @@
 // batched strategy; the Eigen reference (gemm_eigen.cpp) serves fp64, empty K and TG_GEMM_KERNEL=reference.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -140,6 +141,53 @@ void reference_fp32_epilogue(const packed::GemmArgs<T>& g) {
     }
 }
 
+// Note [one-row products]
+// A product with one row (a decoder's step, nn/generate.hpp: x (1, C) times a weight) reads each element of
+// B once, so packing B first (the packed kernels' copy, transposing a weight stored [N, K]) costs as much as
+// the product and more than a dot product per output: a 10M-parameter decoder spent most of a token there.
+// So in fp32 on the packed levels M = 1 runs as one dot product per output when B is stored [N, K]
+// (contiguous rows) and as a running sum of scaled B rows over blocks of outputs when it is stored [K, N].
+// Each output is summed in one fixed order (16 interleaved partial sums, added in index order), so the
+// result does not depend on the team size, which only splits the outputs.
+void gemv_fp32(const packed::GemmArgs<float>& g, int threads) {
+  const std::int64_t N = g.N, K = g.K, a_stride = g.ta == Trans::N ? 1 : g.lda;
+  std::vector<float> a(static_cast<std::size_t>(K));
+  for (std::int64_t k = 0; k < K; ++k) a[static_cast<std::size_t>(k)] = g.A[k * a_stride];
+  auto store = [&](std::int64_t j, float acc) {
+    const float v = g.alpha * acc;
+    g.C[j] = g.beta != 0.f ? v + g.beta * g.C[j] : v;
+  };
+  constexpr std::int64_t kLanes = 16, kBlock = 256;
+  const std::int64_t blocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    const std::int64_t j0 = blk * kBlock, j1 = std::min(N, j0 + kBlock);
+    if (g.tb == Trans::T) {  // B stored [N, K]: output j is the dot product of a and row j
+      for (std::int64_t j = j0; j < j1; ++j) {
+        const float* b = g.B + j * g.ldb;
+        float lanes[kLanes] = {};
+        std::int64_t k = 0;
+        for (; k + kLanes <= K; k += kLanes)
+          for (std::int64_t l = 0; l < kLanes; ++l) lanes[l] += a[static_cast<std::size_t>(k + l)] * b[k + l];
+        float acc = 0.f;
+        for (std::int64_t l = 0; l < kLanes; ++l) acc += lanes[l];
+        for (; k < K; ++k) acc += a[static_cast<std::size_t>(k)] * b[k];
+        store(j, acc);
+      }
+    } else {  // B stored [K, N]: outputs j0..j1 accumulate a[k] times row k's slice
+      float acc[kBlock] = {};
+      const std::int64_t n = j1 - j0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float ak = a[static_cast<std::size_t>(k)];
+        const float* b = g.B + k * g.ldb + j0;
+        for (std::int64_t j = 0; j < n; ++j) acc[j] += ak * b[j];
+      }
+      for (std::int64_t j = 0; j < n; ++j) store(j0 + j, acc[j]);
+    }
+  }
+  apply_epilogue(1, N, g.C, g.ldc, g.ep);
+}
+
 template <class T>
 void run_one(CpuIsa isa, const packed::GemmArgs<T>& g, int threads) {
   if (g.M <= 0 || g.N <= 0) return;
@@ -153,6 +201,12 @@ void run_one(CpuIsa isa, const packed::GemmArgs<T>& g, int threads) {
     gemm_reference<T>(g.ta, g.tb, g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb, g.beta, g.C, g.ldc);
     apply_epilogue(g.M, g.N, g.C, g.ldc, g.ep);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.M == 1) {  // Note [one-row products]
+      gemv_fp32(g, threads);
+      return;
+    }
   }
   if constexpr (!std::is_same_v<T, double>) {
     switch (isa) {

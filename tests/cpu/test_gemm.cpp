@@ -554,6 +554,50 @@ TEST_P(GemmByKernel, KSplitChangesTheSummationOrderAndCanBeDisabled) {
   EXPECT_NE(split, whole);
 }
 
+// Note [one-row products]: M = 1 in fp32 runs as dot products (B stored [N, K]) or scaled-row sums (B stored
+// [K, N]); widths around the 256-output blocks and the 16 partial sums, alpha/beta, the epilogue, 16-bit
+// types (which keep the packed path), NaN propagation and independence from the team size.
+TEST_P(GemmByKernel, OneRowProducts) {
+  std::uint32_t seed = 870;
+  for (Trans ta : kTr)
+    for (Trans tb : kTr)
+      for (i64 N : {1, 5, 255, 256, 257, 700})
+        for (i64 K : {1, 15, 16, 17, 300}) {
+          check_gemm<float>({ta, tb, 1, N, K, 1.f, 0.f}, seed++);
+          if (K == 17) check_gemm<float>({ta, tb, 1, N, K, -0.75f, 0.5f}, seed++, true);
+          if (K == 300 && N == 257) check_gemm<bf16>({ta, tb, 1, N, K, 1.f, 0.f}, seed++, true);
+        }
+  const i64 N = 3000, K = 2000;  // 12 MFLOP: gemm_threads gives a 2-thread team room
+  std::mt19937 rng(871);
+  Mat<float> a(1, K, 0, rng, false), bt(N, K, 0, rng, false), bn(K, N, 0, rng, false);
+  a.at(0, 7) = std::numeric_limits<float>::quiet_NaN();
+  for (Trans tb : kTr) {
+    const float* b = tb == Trans::T ? bt.v.data() : bn.v.data();
+    const i64 ldb = tb == Trans::T ? K : N;
+    std::vector<float> c1(static_cast<std::size_t>(N)), c2 = c1, c3 = c1;
+    {
+      const ThreadCount one(1);
+      tg::backend::cpu::gemm<float>(Trans::N, tb, 1, N, K, 1.f, a.v.data(), K, b, ldb, 0.f, c1.data(), N);
+    }
+    {
+      const ThreadCount two(2);
+      tg::backend::cpu::gemm<float>(Trans::N, tb, 1, N, K, 1.f, a.v.data(), K, b, ldb, 0.f, c2.data(), N);
+    }
+    for (i64 j = 0; j < N; ++j) EXPECT_TRUE(std::isnan(c1[static_cast<std::size_t>(j)])) << "output " << j;
+    a.at(0, 7) = 0.25f;
+    {
+      const ThreadCount one(1);
+      tg::backend::cpu::gemm<float>(Trans::N, tb, 1, N, K, 1.f, a.v.data(), K, b, ldb, 0.f, c1.data(), N);
+    }
+    {
+      const ThreadCount two(2);
+      tg::backend::cpu::gemm<float>(Trans::N, tb, 1, N, K, 1.f, a.v.data(), K, b, ldb, 0.f, c3.data(), N);
+    }
+    EXPECT_EQ(c1, c3) << "tb=" << (tb == Trans::T ? "T" : "N");
+    a.at(0, 7) = std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
 TEST(GemmKernel, MalformedKSplitRatioThrows) {
   float a = 1.f, b = 1.f, c = 0.f;
   for (const char* spec : {"x", "-1", "4x", "1e3"}) {
