@@ -175,15 +175,6 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   }
 }
 
-#define TG_INSTANTIATE(T)                                                                                         \
-  template void attention_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t,   \
-                                     std::int64_t, double, bool);                                                 \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const accum_t<T>*, T*, T*, \
-                                      T*, std::int64_t, std::int64_t, std::int64_t, double, bool);
-TG_INSTANTIATE(fp64)
-TG_INSTANTIATE(fp32)
-TG_INSTANTIATE(fp16)
-TG_INSTANTIATE(bf16)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_ATTENTION, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

@@ -36,12 +36,6 @@ void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shap
   });
 }
 
-#define TG_INSTANTIATE(T) \
-  template void binary<T>(math::Binary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&);
-TG_INSTANTIATE(fp64)
-TG_INSTANTIATE(fp32)
-TG_INSTANTIATE(fp16)
-TG_INSTANTIATE(bf16)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_BINARY, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

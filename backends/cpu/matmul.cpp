@@ -186,18 +186,6 @@ void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, co
   unary_forward<T>(math::Unary::gelu_tanh, pre, Shape{N, 1}, y, Shape{M, N});
 }
 
-#define TG_INSTANTIATE(T)                                                                                        \
-  template void matmul_strided<T>(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&, \
-                                  std::int64_t, std::int64_t, std::int64_t);                                     \
-  template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,     \
-                                  const T*, T*, std::int64_t, std::int64_t, std::int64_t);                       \
-  template void linear_gelu_tanh_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t,         \
-                                            std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,           \
-                                            std::int64_t);
-TG_INSTANTIATE(fp64)
-TG_INSTANTIATE(fp32)
-TG_INSTANTIATE(fp16)
-TG_INSTANTIATE(bf16)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_MATMUL, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

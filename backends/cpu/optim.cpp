@@ -1,4 +1,5 @@
-// Fused optimizer kernels (declared in detail/cpu/optim_kernels.hpp). Each reads and writes a tensor's
+// Fused optimizer kernels: SGD, LAMB and Adafactor (declared once for both devices in detail/kernels/optim.hpp),
+// Adam and the norms (detail/cpu/optim_kernels.hpp). Each reads and writes a tensor's
 // parameter, gradient and state once per pass; none allocates. The update rules, with their references,
 // are written out in include/typegrad/optim/*.hpp; the comments here only map them to passes.
 #include <algorithm>
@@ -180,14 +181,10 @@ void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const Ada
 #define TG_INSTANTIATE_OPTIM(T)                                                                              \
   template double sum_squares<T>(const T*, std::int64_t);                                                  \
   template void scale_inplace<T>(T*, std::int64_t, double);                                                \
-  template void sgd_step<T>(T*, const T*, T*, std::int64_t, const SgdScalars&);                            \
-  template void adam_step<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars&);                      \
-  template double lamb_step<T>(T*, const T*, T*, T*, std::int64_t, const LambScalars&);                    \
-  template void adafactor_step_factored<T>(T*, const T*, T*, T*, T*, std::int64_t, std::int64_t,           \
-                                           const AdafactorScalars&);                                       \
-  template void adafactor_step_full<T>(T*, const T*, T*, T*, std::int64_t, const AdafactorScalars&);
+  template void adam_step<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars&);
 TG_INSTANTIATE_OPTIM(float)
 TG_INSTANTIATE_OPTIM(double)
 #undef TG_INSTANTIATE_OPTIM
+TG_INSTANTIATE_KERNELS(TG_KERNELS_OPTIM, TG_FP32_FP64_TYPES)
 
 }  // namespace tg::backend::cpu

@@ -49,13 +49,6 @@ void reduce_max(const T* in, T* out, std::int64_t* index, std::int64_t outer, st
   }
 }
 
-#define TG_INSTANTIATE(T)                                                                          \
-  template void reduce_sum<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t);            \
-  template void reduce_max<T>(const T*, T*, std::int64_t*, std::int64_t, std::int64_t, std::int64_t);
-TG_INSTANTIATE(fp64)
-TG_INSTANTIATE(fp32)
-TG_INSTANTIATE(fp16)
-TG_INSTANTIATE(bf16)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_REDUCE, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

@@ -204,15 +204,6 @@ void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Sh
   });
 }
 
-#define TG_INSTANTIATE(T)                                                                                        \
-  template void unary_forward<T>(math::Unary, const T*, const Shape&, T*, const Shape&);                        \
-  template void unary_backward<T>(math::Unary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&); \
-  template void dropout_forward<T>(const T*, const Shape&, T*, const Shape&, std::uint64_t, std::uint64_t, double); \
-  template void masked_fill<T>(const T*, const Shape&, const std::uint8_t*, const Shape&, T, T*, const Shape&);
-TG_INSTANTIATE(fp64)
-TG_INSTANTIATE(fp32)
-TG_INSTANTIATE(fp16)
-TG_INSTANTIATE(bf16)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_UNARY, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

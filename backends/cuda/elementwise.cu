@@ -147,14 +147,8 @@ void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Sh
   TG_CUDA_LAUNCHED();
 }
 
-#define TG_INSTANTIATE(T)                                                                                        \
-  template void binary<T>(math::Binary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&);      \
-  template void unary_forward<T>(math::Unary, const T*, const Shape&, T*, const Shape&);                        \
-  template void unary_backward<T>(math::Unary, const T*, const Shape&, const T*, const Shape&, T*, const Shape&); \
-  template void dropout_forward<T>(const T*, const Shape&, T*, const Shape&, std::uint64_t, std::uint64_t, double); \
-  template void masked_fill<T>(const T*, const Shape&, const std::uint8_t*, const Shape&, T, T*, const Shape&);
-TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_BINARY, TG_FLOATING_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_UNARY, TG_FLOATING_TYPES)
 
 // Every (source, destination) pair of the dtype master list, as on the CPU.
 #define TG_COPY_PAIR(S, T) template void copy_strided<S, T>(const S*, const Shape&, T*, const Shape&, const Shape&);

@@ -571,19 +571,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::T, Tn, tt, Trans::N, lh, th, lh, th), p, q, dk, 1.0, 0.0);
 }
 
-#define TG_INSTANTIATE(T)                                                                                         \
-  template void matmul_strided<T>(const T*, const Shape&, const T*, const Shape&, T*, const Shape&, const Shape&,   \
-                                  std::int64_t, std::int64_t, std::int64_t);                                      \
-  template void linear_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t,       \
-                                  const T*, T*, std::int64_t, std::int64_t, std::int64_t);                        \
-  template void linear_gelu_tanh_forward<T>(const T*, std::int64_t, std::int64_t, const T*, std::int64_t,           \
-                                            std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,             \
-                                            std::int64_t);                                                         \
-  template void attention_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t,     \
-                                     std::int64_t, double, bool);                                                 \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, const accum_t<T>*, T*, T*,  \
-                                      T*, std::int64_t, std::int64_t, std::int64_t, double, bool);
-TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_MATMUL, TG_FLOATING_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_ATTENTION, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cuda

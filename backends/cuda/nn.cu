@@ -351,21 +351,6 @@ void cross_entropy_backward(const T* logits, const std::int64_t* targets, const 
   TG_CUDA_LAUNCHED();
 }
 
-#define TG_INSTANTIATE(T)                                                                                          \
-  template void softmax_forward<T>(const T*, T*, std::int64_t, std::int64_t, bool);                                \
-  template void softmax_backward<T>(const T*, const T*, T*, std::int64_t, std::int64_t, bool);                     \
-  template void layernorm_forward<T>(const T*, const T*, const T*, T*, accum_t<T>*, accum_t<T>*, std::int64_t,      \
-                                     std::int64_t, double);                                                        \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, accum_t<T>*, std::int64_t, std::int64_t, double);       \
-  template void layernorm_backward<T>(const T*, const T*, const accum_t<T>*, const accum_t<T>*, const T*, T*, T*,   \
-                                      T*, std::int64_t, std::int64_t);                                             \
-  template void embedding_forward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t);               \
-  template void embedding_backward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t, std::int64_t); \
-  template double cross_entropy_forward<T>(const T*, const std::int64_t*, accum_t<T>*, std::int64_t, std::int64_t,  \
-                                           std::int64_t, std::int64_t*);                                           \
-  template void cross_entropy_backward<T>(const T*, const std::int64_t*, const accum_t<T>*, double, T*,            \
-                                          std::int64_t, std::int64_t, std::int64_t);
-TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_NN, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cuda

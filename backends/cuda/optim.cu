@@ -163,7 +163,7 @@ void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s,
   const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
   std::vector<float> scales(static_cast<std::size_t>(count));
   for (std::size_t t = 0; t < sums.size(); ++t) {
-    const double trust = cpu::lamb_trust_ratio(sums[t][0], sums[t][1]);
+    const double trust = lamb_trust_ratio(sums[t][0], sums[t][1]);
     scales[t] = static_cast<float>(s.lr * trust);
     if (trust_ratios) trust_ratios[t] = trust;
   }

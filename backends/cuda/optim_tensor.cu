@@ -1,4 +1,4 @@
-// Per-tensor SGD, LAMB and Adafactor kernels with the CPU backend's signatures (detail/cpu/optim_kernels.hpp),
+// Per-tensor SGD, LAMB and Adafactor kernels, declared once for both devices (detail/kernels/optim.hpp),
 // so an optimizer dispatches them with TG_BACKEND like any op kernel, and the multi-tensor Adafactor step
 // (the per-tensor Adafactor forms are its one-tensor case). The element math is shared with the CPU
 // loops (math::sgd_update, math::lamb_moments / lamb_direction; the Adafactor formula is written out as in
@@ -210,7 +210,7 @@ double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars
   lamb_moments_kernel<<<blocks, detail::kThreads, 0, detail::stream()>>>(p, g, m, v, n, c, partials.as<double>());
   TG_CUDA_LAUNCHED();
   const auto sums = sum_partials<2>(partials, blocks);
-  const double trust = cpu::lamb_trust_ratio(sums[0], sums[1]);
+  const double trust = lamb_trust_ratio(sums[0], sums[1]);
   lamb_apply_kernel<<<detail::grid_for(n), detail::kThreads, 0, detail::stream()>>>(p, m, v, n, c, static_cast<float>(s.lr * trust));
   TG_CUDA_LAUNCHED();
   return trust;
@@ -293,7 +293,7 @@ void adafactor_step_multi(const AdafactorTensor* tensors, int count, const Adafa
   std::vector<float> alpha(n, 0.f), inv_clip(n, 1.f);
   for (std::size_t t = 0; t < n; ++t) {
     if (all[t] == 0) continue;
-    const cpu::AdafactorApply a = cpu::adafactor_apply(s, sums[t][0], sums[t][1], all[t]);
+    const AdafactorApply a = adafactor_apply(s, sums[t][0], sums[t][1], all[t]);
     alpha[t] = static_cast<float>(a.alpha);
     inv_clip[t] = static_cast<float>(1.0 / a.clip_div);
   }
@@ -306,10 +306,6 @@ void adafactor_step_multi(const AdafactorTensor* tensors, int count, const Adafa
   TG_CUDA_LAUNCHED();
 }
 
-template void sgd_step<float>(float*, const float*, float*, std::int64_t, const SgdScalars&);
-template double lamb_step<float>(float*, const float*, float*, float*, std::int64_t, const LambScalars&);
-template void adafactor_step_factored<float>(float*, const float*, float*, float*, float*, std::int64_t, std::int64_t,
-                                             const AdafactorScalars&);
-template void adafactor_step_full<float>(float*, const float*, float*, float*, std::int64_t, const AdafactorScalars&);
+TG_INSTANTIATE_KERNELS(TG_KERNELS_OPTIM, TG_FP32_TYPES)
 
 }  // namespace tg::backend::cuda

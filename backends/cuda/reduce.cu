@@ -132,11 +132,7 @@ void max_backward(const T* dout, const std::int64_t* index, T* din, std::int64_t
   TG_CUDA_LAUNCHED();
 }
 
-#define TG_INSTANTIATE(T)                                                                             \
-  template void reduce_sum<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t);               \
-  template void reduce_max<T>(const T*, T*, std::int64_t*, std::int64_t, std::int64_t, std::int64_t); \
-  template void max_backward<T>(const T*, const std::int64_t*, T*, std::int64_t, std::int64_t, std::int64_t);
-TG_CUDA_FLOAT_TYPES(TG_INSTANTIATE)
-#undef TG_INSTANTIATE
+TG_INSTANTIATE_KERNELS(TG_KERNELS_REDUCE, TG_FLOATING_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_REDUCE_GPU, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cuda

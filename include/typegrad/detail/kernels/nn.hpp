@@ -1,0 +1,48 @@
+// Row kernels of the nn ops, declared once for every device (Note [kernels declared once]): softmax /
+// log_softmax, layernorm / rmsnorm, embedding, cross-entropy. Defined in backends/cpu/nn.cpp and
+// backends/cuda/nn.cu. Row ops work on a contiguous [rows, n] block, math in accum_t<T> (fp32 for 16-bit
+// storage, fp64 for fp64); per-row statistics are stored in accum_t<T>. On the GPU the index pointers
+// (embedding indices, cross-entropy targets) are HOST pointers (Note [CUDA entry points]).
+#pragma once
+
+#include <cstdint>
+
+#include "typegrad/core/dtype.hpp"
+#include "typegrad/detail/kernels/declare.hpp"
+
+// softmax_forward:        y = softmax(x) (log_softmax when `log`) over each row, max-subtracted.
+// softmax_backward:       softmax: dx = y ∘ (dy − Σ dy∘y); log_softmax: dx = dy − exp(y) · Σ dy (y: the output).
+// layernorm_forward:      y = (x − mean) · rstd · w + b per row, rstd = 1/sqrt(var + eps) (biased variance);
+//                         writes mean, rstd.
+// layernorm_backward:     x̂ = (x − mean)·rstd, g = dy∘w: dx = rstd·(g − mean(g) − x̂·mean(g∘x̂)),
+//                         dw = Σ_rows dy∘x̂, db = Σ_rows dy, column sums in a fixed order. mean == nullptr
+//                         means RMSNorm (x̂ = x·rstd, no mean(g) term). Any of dx, dw, db may be null.
+// rmsnorm_forward:        y = x · rstd · w per row, rstd = 1/sqrt(mean(x²) + eps); writes rstd.
+// embedding_forward:      out[i, :] = w[idx[i], :] for i < n (w [V, C]; indices already checked).
+// embedding_backward:     dw[v, :] = Σ_{i: idx[i] = v} dout[i, :] (dw [V, C] overwritten), summed in position
+//                         order in accum_t<T>: deterministic whatever the thread count.
+// cross_entropy_forward:  per row r with target t_r ≠ ignore_index: loss_r = lse_r − x[r, t_r],
+//                         lse_r = log Σ exp x[r, :]. Writes lse (every row), returns Σ loss_r (summed in row
+//                         order, fp64) and the count of counted rows (the GPU synchronizes).
+// cross_entropy_backward: dlogits[r, :] = scale · (exp(x[r, :] − lse_r) − onehot(t_r)), zero for ignored rows.
+#define TG_KERNELS_NN(K, ...)                                                                                      \
+  K(void, softmax_forward, (const T* x, T* y, std::int64_t rows, std::int64_t n, bool log), __VA_ARGS__)           \
+  K(void, softmax_backward, (const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log),         \
+    __VA_ARGS__)                                                                                                   \
+  K(void, layernorm_forward, (const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,       \
+                              std::int64_t rows, std::int64_t n, double eps), __VA_ARGS__)                         \
+  K(void, layernorm_backward, (const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd,             \
+                               const T* dy, T* dx, T* dw, T* db, std::int64_t rows, std::int64_t n), __VA_ARGS__)  \
+  K(void, rmsnorm_forward, (const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n,    \
+                            double eps), __VA_ARGS__)                                                              \
+  K(void, embedding_forward, (const T* w, const std::int64_t* idx, T* out, std::int64_t n, std::int64_t C),        \
+    __VA_ARGS__)                                                                                                   \
+  K(void, embedding_backward, (const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V,      \
+                               std::int64_t C), __VA_ARGS__)                                                       \
+  K(double, cross_entropy_forward, (const T* logits, const std::int64_t* targets, accum_t<T>* lse,                 \
+                                    std::int64_t rows, std::int64_t V, std::int64_t ignore_index,                  \
+                                    std::int64_t* count), __VA_ARGS__)                                             \
+  K(void, cross_entropy_backward, (const T* logits, const std::int64_t* targets, const accum_t<T>* lse,            \
+                                   double scale, T* dlogits, std::int64_t rows, std::int64_t V,                    \
+                                   std::int64_t ignore_index), __VA_ARGS__)
+TG_DECLARE_KERNELS(TG_KERNELS_NN)

@@ -1,0 +1,68 @@
+// Per-tensor optimizer kernels shared by the devices, declared once (Note [kernels declared once]), with
+// their scalar structs and the host-side helpers both backends use. Defined in backends/cpu/optim.cpp (fp32
+// and fp64) and backends/cuda/optim_tensor.cu (fp32): one pass per tensor over contiguous buffers.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "typegrad/detail/kernels/declare.hpp"
+
+namespace tg::backend {
+
+// Note [optimizer scalars]
+// Per-step scalars (bias corrections, step sizes) are computed by the caller in fp64 and rounded once to
+// fp32 here, as PyTorch does when a Python float meets an fp32 tensor; element math is fp32 (T).
+
+struct SgdScalars {
+  double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = false;  // buf is initialised to d_p (PyTorch's "clone on first use")
+};
+
+struct AdamScalars {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  bool decoupled = false;  // false: Adam (L2 added to g); true: AdamW (p *= 1 - lr*wd first)
+  std::int64_t step = 1;   // this tensor's step count t >= 1, after increment
+};
+
+struct LambScalars {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  std::int64_t step = 1;
+};
+/// LAMB's trust ratio ||p|| / ||u|| from the sums of squares (1 when either is 0); shared with the CUDA kernel.
+inline double lamb_trust_ratio(double p_sq_sum, double u_sq_sum) {
+  return (p_sq_sum > 0 && u_sq_sum > 0) ? std::sqrt(p_sq_sum) / std::sqrt(u_sq_sum) : 1.0;
+}
+
+struct AdafactorScalars {
+  double rho = 0;            // relative (or absolute) step size before parameter scaling
+  bool scale_parameter = true;
+  double beta2 = 0;          // beta2_t = 1 - t^(-decay)
+  double eps1 = 1e-30, eps2 = 1e-3, clip_threshold = 1.0;
+  double beta1 = 0;          // 0: no first moment (m may be null)
+  double weight_decay = 0;
+};
+
+/// The shared tail of Adafactor (CPU and CUDA): from sum U² and sum X² over n elements, the step size
+/// alpha = rho * max(eps2, RMS(X)) (or rho) and the clipping divisor max(1, RMS(U) / d); the update is then
+/// U / clip_div, [m = beta1 m + (1 - beta1) U], X -= alpha wd X + alpha (m or U).
+struct AdafactorApply {
+  double alpha, clip_div;
+};
+inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum, double p_sq_sum, std::int64_t n) {
+  const double rms_u = std::sqrt(u_sq_sum / static_cast<double>(n));
+  const double rms_p = std::sqrt(p_sq_sum / static_cast<double>(n));
+  const double alpha = s.scale_parameter ? s.rho * std::max(s.eps2, rms_p) : s.rho;
+  return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
+}
+
+}  // namespace tg::backend
+
+// sgd_step:                torch.optim.SGD for one tensor; `buf` may be null when momentum == 0.
+// lamb_step:               LAMB for one tensor; returns the trust ratio it used (1 when either norm is 0).
+// adafactor_step_factored: factored second moment over a [rows, cols] view: r has rows entries, c has cols.
+// adafactor_step_full:     full second moment v (vectors and scalars).
+#define TG_KERNELS_OPTIM(K, ...)                                                                                     K(void, sgd_step, (T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s), __VA_ARGS__)                   K(double, lamb_step, (T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s), __VA_ARGS__)            K(void, adafactor_step_factored, (T* p, const T* g, T* r, T* c, T* m, std::int64_t rows, std::int64_t cols,                                         const AdafactorScalars& s), __VA_ARGS__)                                         K(void, adafactor_step_full, (T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s),             __VA_ARGS__)
+TG_DECLARE_KERNELS(TG_KERNELS_OPTIM)
