@@ -335,14 +335,18 @@ int num_threads() { return omp_get_max_threads(); }
   template void copy_strided<S, std::int64_t>(const S*, const Shape&, std::int64_t*, const Shape&, const Shape&); \
   template void copy_strided<S, std::int32_t>(const S*, const Shape&, std::int32_t*, const Shape&, const Shape&); \
   template void copy_strided<S, std::uint8_t>(const S*, const Shape&, std::uint8_t*, const Shape&, const Shape&);
-#define TG_ALL(T)                                                                   \
-  TG_COPY_FROM(T)                                                                   \
-  template void fill<T>(T*, std::int64_t, T);                                       \
-  template void arange<T>(T*, std::int64_t, double, double);                        \
-  template void add_inplace<T>(T*, const T*, std::int64_t);
+#define TG_ALL(T)  \
+  TG_COPY_FROM(T) \
+  template void arange<T>(T*, std::int64_t, double, double);
 #define TG_X(type, e, name, st) TG_ALL(type)
 TG_FOR_EACH_DTYPE(TG_X)
 #undef TG_X
+TG_INSTANTIATE_KERNELS(TG_KERNELS_FILL, TG_ALL_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_ADD_INPLACE, TG_ALL_TYPES)
+#define TG_COUNT_(...) +1
+static_assert(0 TG_ALL_TYPES(TG_COUNT_, _) == 0 TG_FOR_EACH_DTYPE(TG_COUNT_),
+              "TG_ALL_TYPES (detail/kernels/declare.hpp) must list every type of the dtype master list");
+#undef TG_COUNT_
 #define TG_RANDOM(T)                                                                                     \
   template void random_uniform<T>(T*, std::int64_t, std::uint64_t, std::uint64_t, float, float);        \
   template void random_normal<T>(T*, std::int64_t, std::uint64_t, std::uint64_t, float, float);

@@ -36,24 +36,7 @@ void Event::record() { no_backend("Event::record"); }
 void Event::wait() const { no_backend("Event::wait"); }
 void Event::synchronize() const { no_backend("Event::synchronize"); }
 float Event::elapsed_ms_since(const Event&) const { no_backend("Event::elapsed_ms_since"); }
-template <class T>
-void fill(T*, std::int64_t, T) {
-  no_backend("fill");
-}
-template <class T>
-void add_inplace(T*, const T*, std::int64_t) {
-  no_backend("add_inplace");
-}
-template void add_inplace<double>(double*, const double*, std::int64_t);
-template void add_inplace<float>(float*, const float*, std::int64_t);
-template void add_inplace<fp16>(fp16*, const fp16*, std::int64_t);
-template void add_inplace<bf16>(bf16*, const bf16*, std::int64_t);
-#define TG_X(type, e, name, st) template void fill<type>(type*, std::int64_t, type);
-TG_FOR_EACH_DTYPE(TG_X)
-#undef TG_X
 // ---- copies and the CUDA-only launches ------------------------------------------------------------------
-template <class S, class T>
-void copy_strided(const S*, const Shape&, T*, const Shape&, const Shape&) { no_backend("copy_strided"); }
 void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without CUDA already does
   if (allow) no_backend("set_allow_tf32");
 }
@@ -67,10 +50,5 @@ bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_back
 void sgd_step_multi(const SgdTensor*, int, const SgdScalars&) { no_backend("sgd_step_multi"); }
 void lamb_step_multi(const LambTensor*, int, const LambScalars&, double*) { no_backend("lamb_step_multi"); }
 void adafactor_step_multi(const AdafactorTensor*, int, const AdafactorScalars&) { no_backend("adafactor_step_multi"); }
-#define TG_COPY_PAIR(S, T) template void copy_strided<S, T>(const S*, const Shape&, T*, const Shape&, const Shape&);
-#define TG_X(type, e, name, st) TG_CUDA_COPY_TARGETS(TG_COPY_PAIR, type)
-TG_FOR_EACH_DTYPE(TG_X)
-#undef TG_X
-#undef TG_COPY_PAIR
 }  // namespace tg::backend::cuda
 #endif

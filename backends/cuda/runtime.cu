@@ -121,13 +121,7 @@ void add_inplace(T* dst, const T* src, std::int64_t n) {
   add_inplace_kernel<T><<<blocks, threads, 0, t_current_stream>>>(dst, src, n);
   TG_CUDA_CHECK(cudaGetLastError());
 }
-template void add_inplace<double>(double*, const double*, std::int64_t);
-template void add_inplace<float>(float*, const float*, std::int64_t);
-template void add_inplace<fp16>(fp16*, const fp16*, std::int64_t);
-template void add_inplace<bf16>(bf16*, const bf16*, std::int64_t);
-
-#define TG_X(type, e, name, st) template void fill<type>(type*, std::int64_t, type);
-TG_FOR_EACH_DTYPE(TG_X)
-#undef TG_X
+TG_INSTANTIATE_KERNELS(TG_KERNELS_FILL, TG_ALL_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_ADD_INPLACE, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cuda

@@ -20,9 +20,7 @@
 #include "typegrad/core/random.hpp"
 #include "typegrad/core/shape.hpp"
 #include "typegrad/core/storage.hpp"
-#include "typegrad/detail/cpu/kernels.hpp"
-#include "typegrad/detail/cuda/kernels.hpp"
-#include "typegrad/detail/cuda/runtime.hpp"
+#include "typegrad/detail/kernels/core.hpp"
 
 namespace tg {
 

@@ -158,8 +158,7 @@ Tensor<fp32> forward_cached(const BasicGPT<D>& model, std::span<const std::int32
   cache.advance(t);
   const Tensor<fp32, D> h = model.ln_f().forward(x.narrow(1, t - 1, 1));                   // (1,1,C)
   const Tensor<fp32, D> logits = linear(h, model.wte().weight());                           // (1,1,V)
-  if constexpr (std::is_same_v<D, cpu>) return logits.reshape({c.vocab_size}).contiguous();
-  else return logits.reshape({c.vocab_size}).template to<cpu>();
+  return logits.reshape({c.vocab_size}).template to<cpu>().contiguous();  // the host's (a CPU tensor as it is)
 }
 
 /// Note [the decoding window]
@@ -224,9 +223,7 @@ class Decoder {
     auto idx = Tensor<std::int64_t>::empty({1, T});
     for (std::int64_t t = 0; t < T; ++t) idx.data()[t] = context_[static_cast<std::size_t>(t)];
     positions_ += T;
-    Tensor<fp32, D> logits = model_->template forward<fp32>(idx).narrow(1, T - 1, 1).reshape({V});
-    if constexpr (std::is_same_v<D, cpu>) return logits.contiguous();
-    else return logits.template to<cpu>();
+    return model_->template forward<fp32>(idx).narrow(1, T - 1, 1).reshape({V}).template to<cpu>().contiguous();
   }
 
   const BasicGPT<D>* model_;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/kernels/attention.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/masked_fill.hpp"
 #include "typegrad/ops/matmul.hpp"

@@ -5,6 +5,7 @@
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/core/random.hpp"
+#include "typegrad/detail/kernels/elementwise.hpp"
 
 namespace tg {
 

@@ -3,6 +3,9 @@
 //   auto g = tg::linear_gelu_tanh(x, W_fc);        // without a bias
 #pragma once
 
+#include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/kernels/matmul.hpp"
+#include "typegrad/detail/kernels/reduce.hpp"
 #include "typegrad/ops/matmul.hpp"
 #include "typegrad/ops/unary.hpp"
 

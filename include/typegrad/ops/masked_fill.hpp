@@ -4,6 +4,7 @@
 #pragma once
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/kernels/elementwise.hpp"
 #include "typegrad/ops/binary.hpp"
 
 namespace tg {

@@ -5,6 +5,9 @@
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/cpu/gemm.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand_ok: the GEMM operand geometry
+#include "typegrad/detail/kernels/matmul.hpp"
+#include "typegrad/detail/kernels/reduce.hpp"
 #include "typegrad/ops/reduce.hpp"
 
 namespace tg {

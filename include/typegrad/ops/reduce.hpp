@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/kernels/reduce.hpp"
 
 namespace tg {
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/kernels/nn.hpp"
 
 namespace tg {
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/kernels/elementwise.hpp"
 #include "typegrad/detail/math.hpp"
 
 namespace tg {

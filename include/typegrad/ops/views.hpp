@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/ops/reduce.hpp"
 
 namespace tg {

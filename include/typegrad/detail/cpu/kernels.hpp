@@ -9,28 +9,13 @@
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
 #include "typegrad/detail/kernels/attention.hpp"
+#include "typegrad/detail/kernels/core.hpp"
 #include "typegrad/detail/kernels/elementwise.hpp"
 #include "typegrad/detail/kernels/matmul.hpp"
 #include "typegrad/detail/kernels/nn.hpp"
 #include "typegrad/detail/kernels/reduce.hpp"
 
 namespace tg::backend::cpu {
-
-/// dst[i] = S->T(src[i]) for every index i of `sizes`, both sides strided (strides in elements).
-template <class S, class T>
-void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& dst_strides, const Shape& sizes);
-
-template <class T>
-void fill(T* dst, std::int64_t n, T value);
-
-/// Counter-based draws: element i uses Philox counter offset + i of `seed` (see core/random.hpp).
-template <class T>
-void random_uniform(T* dst, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float lo, float hi);
-template <class T>
-void random_normal(T* dst, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float mean, float stddev);
-
-template <class T>
-void arange(T* dst, std::int64_t n, double start, double step);
 
 /// Sets the number of OpenMP threads every CPU kernel uses (n > 0 pins it); 0 restores the default:
 /// OMP_NUM_THREADS when set, else the CPUs of the affinity mask, or the cgroup's CPU quota when lower, fewer
@@ -48,14 +33,6 @@ int num_threads();
 bool omp_spin_bounded();
 
 }  // namespace tg::backend::cpu
-
-namespace tg::backend::cpu {
-/// dst[i] += src[i] (contiguous; accumulation in fp32 for 16-bit types).
-template <class T>
-void add_inplace(T* dst, const T* src, std::int64_t n);
-}  // namespace tg::backend::cpu
-
-
 
 // ==== GEMM operands (backends/cpu/matmul.cpp; also the CUDA GEMMs' host geometry) ======================
 #include "typegrad/detail/cpu/gemm.hpp"

@@ -22,6 +22,7 @@
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
 #include "typegrad/detail/kernels/attention.hpp"
+#include "typegrad/detail/kernels/core.hpp"
 #include "typegrad/detail/kernels/elementwise.hpp"
 #include "typegrad/detail/kernels/matmul.hpp"
 #include "typegrad/detail/kernels/nn.hpp"
@@ -32,9 +33,8 @@
 namespace tg::backend::cuda {
 
 // ---- copies and elementwise (backends/cuda/elementwise.cu) -------------------------------------------
-/// dst[i] = S->T(src[i]) for every index i of `sizes`, both sides strided (strides in elements).
-template <class S, class T>
-void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& dst_strides, const Shape& sizes);
+// copy_strided<S, T> is declared once for both devices (detail/kernels/core.hpp).
+
 // ---- GEMMs and attention (backends/cuda/gemm.cu) ----------------------------------------------------------
 /// Whether fp32 GEMMs may use TF32 tensor cores (a precision policy's choice; off by default).
 void set_allow_tf32(bool allow);

@@ -13,6 +13,7 @@
 
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/dtype.hpp"
+#include "typegrad/detail/kernels/core.hpp"
 
 namespace tg::backend::cuda {
 
@@ -91,10 +92,6 @@ void copy_device_to_host(void* dst, const void* src, std::size_t bytes);
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes);
 void synchronize();
 
-template <class T>
-void fill(T* dst, std::int64_t n, T value);
-/// dst[i] += src[i] (fp32 arithmetic for 16-bit types).
-template <class T>
-void add_inplace(T* dst, const T* src, std::int64_t n);
+// fill and add_inplace are declared once for both devices (detail/kernels/core.hpp).
 
 }  // namespace tg::backend::cuda

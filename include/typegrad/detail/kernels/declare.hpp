@@ -7,6 +7,7 @@
 //   TG_BACKEND(D, myop_forward<T>(x.data(), y.data(), n));           // the op
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "typegrad/config.hpp"
@@ -23,7 +24,7 @@
 //     throws a tg::Error saying so, so a CPU-only build links without any stub file.
 // A backend defines the kernel as an ordinary template (`template <class T> void name(params) { ... }` in
 // backends/cpu/<family>.cpp or backends/cuda/<family>.cu) and instantiates it with
-//   TG_INSTANTIATE_KERNELS(list, TYPES)   // TYPES: TG_FLOATING_TYPES, TG_FP32_TYPES, TG_FP32_FP64_TYPES
+//   TG_INSTANTIATE_KERNELS(list, TYPES)   // TYPES: TG_FLOATING_TYPES, TG_ALL_TYPES, TG_FP32_TYPES, TG_FP32_FP64_TYPES
 // which writes `template <name>_kernel<T> name<T>;` for each kernel and type: an explicit instantiation
 // whose function type comes from the alias, so no signature is written again. A definition whose
 // parameters differ from the list's is a compile error there. So a kernel's signature is written three
@@ -38,6 +39,10 @@ namespace tg::backend {
 
 /// The element types kernels are instantiated for: TYPES(X, A) calls X(type, A) for each.
 #define TG_FLOATING_TYPES(X, A) X(::tg::fp64, A) X(::tg::fp32, A) X(::tg::fp16, A) X(::tg::bf16, A)
+/// Every type of the dtype master list (Note [the dtype master list]; kernels.cpp checks the two agree).
+#define TG_ALL_TYPES(X, A)                                                                                \
+  X(::tg::fp64, A) X(::tg::fp32, A) X(::tg::fp16, A) X(::tg::bf16, A) X(std::int64_t, A) X(std::int32_t, A) \
+  X(std::uint8_t, A)
 #define TG_FP32_TYPES(X, A) X(float, A)
 #define TG_FP32_FP64_TYPES(X, A) X(float, A) X(double, A)
 
