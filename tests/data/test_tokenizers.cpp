@@ -22,6 +22,8 @@
 #include "typegrad/data/dataset.hpp"
 #include "typegrad/data/tokenizer.hpp"
 
+#include "data/fixtures.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -36,30 +38,9 @@ static_assert(tg::data::Tokenizer<AnyTokenizer>);
 
 // ---- helpers ---------------------------------------------------------------------------------------
 
-/// A fresh directory under the system temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ =
-        fs::temp_directory_path() / ("tg_test_tokenizers_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path_ / name;
-    std::ofstream out(p, std::ios::binary);
-    out << bytes;
-    return p;
-  }
-
- private:
-  fs::path path_;
+/// Temporary directories named tg_test_tokenizers_*.
+struct TempDir : data_fixtures::TempDir {
+  TempDir() : data_fixtures::TempDir("tg_test_tokenizers") {}
 };
 
 std::string read_file(const fs::path& p) {
@@ -69,42 +50,14 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tg::Error& e) {
-    return e.what();
-  }
-  return "<no tg::Error thrown>";
-}
+using data_fixtures::error_of;
 
 #define EXPECT_HAS(msg, part) \
   EXPECT_NE((msg).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (msg)
 
-std::string utf8(char32_t cp) {
-  std::string s;
-  if (cp < 0x80) s += static_cast<char>(cp);
-  else if (cp < 0x800) s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
-  else
-    s += static_cast<char>(0xE0 | (cp >> 12)), s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
-        s += static_cast<char>(0x80 | (cp & 0x3F));
-  return s;
-}
-/// GPT-2's byte-to-unicode form of a byte string ("Ġhello" for " hello").
-std::string sym(std::string_view bytes) {
-  std::string s;
-  for (char c : bytes) s += utf8(tg::data::gpt2_byte_to_unicode(static_cast<std::uint8_t>(c)));
-  return s;
-}
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
+using data_fixtures::json_string;
+using data_fixtures::sym;
+using data_fixtures::utf8;
 
 /// A small GPT-2 style vocab.json / merges.txt: the 256 byte symbols (id = byte value), merges for
 /// "the", " the", "in", "ing", " a", then <|endoftext|>.
@@ -147,17 +100,8 @@ std::vector<std::string> round_trip_strings() {
   std::string all;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
   s.push_back(all);
-  tg::Generator gen(11);
-  for (int k = 0; k < 40; ++k) {  // random bytes, biased toward ASCII text
-    std::string r;
-    const int len = static_cast<int>(gen.next_u64() % 80);
-    for (int i = 0; i < len; ++i) {
-      const std::uint64_t u = gen.next_u64();
-      const char* pool = " \n\ttheingsa'.,";
-      r += (u & 1) ? pool[(u >> 8) % 14] : static_cast<char>(u >> 16);
-    }
-    s.push_back(r);
-  }
+  // random bytes, biased toward ASCII text
+  for (auto& r : data_fixtures::random_texts(11, 40, 80, " \n\ttheingsa\'.,")) s.push_back(r);
   return s;
 }
 
