@@ -1,7 +1,8 @@
 // GPU training-step benchmark on the path a user runs: nn::BasicGPT<cuda> (include/typegrad/nn/gpt.hpp)
 // trained on synthetic tokens with fp32 master weights, amp::MixedPrecision<policy, its default scaler,
 // cuda> (compute in --precision through per-step bf16/fp16 weight copies refreshed on the GPU after each
-// step; fp16 with DynamicScaler), optim::DeviceAdam<cuda> as AdamW (one multi-tensor launch per step) and
+// step; fp16 with DynamicScaler), optim::BasicAdamW<cuda> over default_groups (one multi-tensor launch per
+// parameter group and step) and
 // GradAccumRuntime(1) for the step, as train_gpt --device cuda does (without clipping, as PyTorch's
 // benchmarks/torch_gpt_cuda.py runs). Prints ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token,
 // Kaplan et al. / PaLM appendix B, against --peak-tflops), then one machine-readable RESULT line for
@@ -21,7 +22,7 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
-#include "cuda/functional_gpt.hpp"  // tg::testing::synthetic_batch (the benchmark's token stream)
+#include "cuda/synthetic_batch.hpp"  // tg::testing::synthetic_batch (the benchmark's token stream)
 
 namespace {
 
@@ -96,7 +97,8 @@ int run(const Args& a) {
   const auto params = model.named_parameters();
   // torch_gpt_cuda.py's AdamW settings (there every parameter decays; here the matrices do, Note [which
   // parameters decay], as train_gpt trains).
-  tg::optim::DeviceAdam<tg::cuda> opt(params, {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  tg::optim::BasicAdamW<tg::cuda> opt(tg::optim::default_groups(params, 0.1f),
+                                      {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::amp::MixedPrecision<Policy, tg::amp::default_scaler_t<Policy>, tg::cuda> amp(params, opt);
   tg::optim::Schedule schedule = tg::optim::Constant{3e-4f};
   tg::optim::GradAccumRuntime accum(1);
@@ -125,7 +127,7 @@ int run(const Args& a) {
   const double tps = tokens / secs, mfu = tps * flops_per_token / (a.peak_tflops * 1e12);
   const auto stats = tg::allocator<tg::cuda>().stats();
   std::printf("device        %s\n", tg::backend::cuda::device_description().c_str());
-  std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, AdamW (DeviceAdam), "
+  std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, AdamW (BasicAdamW<cuda>), "
               "%d steps after %d warm-up\n",
               a.model.c_str(), n_params / 1e6, a.precision.c_str(), static_cast<long long>(a.batch),
               static_cast<long long>(a.seq), a.steps, a.warmup);

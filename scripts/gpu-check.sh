@@ -4,7 +4,7 @@
 # CPU-vs-CUDA tests, the CUDA runtime tests, the tiny-GPT 50-step loss comparison, nn::GPT, the weight
 # copies and the trainer's step on CUDA vs the CPU), run `train_gpt --device cuda` end to end against the
 # CPU trainer (tests/trainer/train_gpt_cuda.sh; needs CLI11 like every train_gpt build), run the GPU
-# training benchmark (nn::BasicGPT<cuda> + DeviceAdam + MixedPrecision: gpt2, bf16, B=16, T=1024) and
+# training benchmark (nn::BasicGPT<cuda> + BasicAdamW<cuda> + MixedPrecision: gpt2, bf16, B=16, T=1024) and
 # PyTorch's equivalent when torch with CUDA is importable, and print a short table.
 # Budget: 8 minutes (TG_GPU_BUDGET seconds) in all. Every stage runs under `timeout` with a limit that
 # leaves the later stages their minimum, so the script cannot run past the budget: a stage that runs out

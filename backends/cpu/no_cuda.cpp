@@ -43,12 +43,6 @@ void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without C
 bool allow_tf32() { return false; }
 std::int64_t gelu_epilogue_calls() { return 0; }
 std::int64_t padded_gemm_calls() { return 0; }
-void adam_step_multi(const AdamTensor*, int, double, double, double, double, double, bool, long long) {
-  no_backend("adam_step_multi");
-}
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
-void sgd_step_multi(const SgdTensor*, int, const SgdScalars&) { no_backend("sgd_step_multi"); }
-void lamb_step_multi(const LambTensor*, int, const LambScalars&, double*) { no_backend("lamb_step_multi"); }
-void adafactor_step_multi(const AdafactorTensor*, int, const AdafactorScalars&) { no_backend("adafactor_step_multi"); }
 }  // namespace tg::backend::cuda
 #endif

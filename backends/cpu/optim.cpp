@@ -1,7 +1,8 @@
-// Fused optimizer kernels: SGD, LAMB and Adafactor (declared once for both devices in detail/kernels/optim.hpp),
-// Adam and the norms (detail/cpu/optim_kernels.hpp). Each reads and writes a tensor's
-// parameter, gradient and state once per pass; none allocates. The update rules, with their references,
-// are written out in include/typegrad/optim/*.hpp; the comments here only map them to passes.
+// Fused optimizer kernels of the CPU: SGD, LAMB, Adafactor and the multi-tensor steps (declared once for both
+// devices in detail/kernels/optim.hpp) and Adam's per-tensor step (detail/cpu/optim_kernels.hpp). Each reads
+// and writes a tensor's parameter, gradient and state once per pass; none allocates. The element math is
+// detail/math.hpp's (the CUDA kernels run the same functions); the update rules, with their references, are
+// written out in include/typegrad/optim/*.hpp; the comments here only map them to passes.
 #include <algorithm>
 #include <cmath>
 
@@ -15,6 +16,8 @@ constexpr std::int64_t kGrain = 1 << 14;  // elements below which a loop stays o
 constexpr std::int64_t kColBlock = 64;    // Adafactor column sums: columns per thread-local block
 }  // namespace
 
+// One pass: d = g + wd·p; buf = μ·buf + (1-τ)·d (buf = d on the first step); d = nesterov ? d + μ·buf : buf;
+// p -= lr·d.
 template <class T>
 double sum_squares(const T* x, std::int64_t n) {
   double acc = 0;
@@ -30,8 +33,6 @@ void scale_inplace(T* x, std::int64_t n, double s) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= sc;
 }
 
-// One pass: d = g + wd·p; buf = μ·buf + (1-τ)·d (buf = d on the first step); d = nesterov ? d + μ·buf : buf;
-// p -= lr·d.
 template <class T>
 void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s) {
   const auto c = math::sgd_consts<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
@@ -47,30 +48,12 @@ void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s) {
   }
 }
 
-// One pass (PyTorch's single-tensor order): [AdamW: p *= 1 - lr·wd] [Adam: g += wd·p];
-// m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²; p -= (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + ε).
+// One pass of math::adam_update (PyTorch's single-tensor order; the CUDA kernel's element function).
 template <class T>
 void adam_step(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars& s) {
-  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
-  const T step_size = static_cast<T>(s.lr / bc1), bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-  const T b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
-  const T one_b1 = static_cast<T>(1.0 - s.beta1), one_b2 = static_cast<T>(1.0 - s.beta2);
-  const T eps = static_cast<T>(s.eps), wd = static_cast<T>(s.weight_decay);
-  const T decay = static_cast<T>(1.0 - s.lr * s.weight_decay);
-  const bool l2 = !s.decoupled && s.weight_decay != 0.0, decoupled = s.decoupled && s.weight_decay != 0.0;
+  const auto c = math::adam_consts<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
 #pragma omp parallel for schedule(static) if (n > kGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
-    T pi = p[i], gi = g[i];
-    if (decoupled) pi = pi * decay;
-    if (l2) gi = gi + wd * pi;
-    const T mi = m[i] * b1 + one_b1 * gi;
-    const T vi = v[i] * b2 + one_b2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-    p[i] = pi - step_size * mi / denom;
-  }
+  for (std::int64_t i = 0; i < n; ++i) math::adam_update(p[i], g[i], m[i], v[i], c);
 }
 
 // Pass 1 updates m, v and accumulates ||p||², ||u||² with u = m̂/(sqrt(v̂)+ε) + wd·p; pass 2 recomputes u
@@ -131,24 +114,19 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
     const T ri = r[i] * inv_total;
     for (std::int64_t j = 0; j < cols; ++j) {
       const std::int64_t k = i * cols + j;
-      const T u = g[k] / std::sqrt(ri * c[j]);
+      const T u = math::adafactor_u(g[k], ri * c[j]);
       u_sq += static_cast<double>(u) * u;
       p_sq += static_cast<double>(p[k]) * p[k];
     }
   }
   const AdafactorApply a = adafactor_apply(s, u_sq, p_sq, n);
-  const T alpha = static_cast<T>(a.alpha), inv_clip = static_cast<T>(1.0 / a.clip_div);
-  const T wd = static_cast<T>(s.weight_decay);
-  const T b1 = static_cast<T>(s.beta1), one_b1 = static_cast<T>(1.0 - s.beta1);
-  const bool use_m = s.beta1 != 0.0 && m != nullptr;
+  const auto ac = math::adafactor_consts<T>(a.alpha, a.clip_div, s.weight_decay, s.beta1);
 #pragma omp parallel for schedule(static) if (n > kGrain)
   for (std::int64_t i = 0; i < rows; ++i) {
     const T ri = r[i] * inv_total;
     for (std::int64_t j = 0; j < cols; ++j) {
       const std::int64_t k = i * cols + j;
-      T upd = g[k] / std::sqrt(ri * c[j]) * inv_clip;
-      if (use_m) upd = m[k] = b1 * m[k] + one_b1 * upd;
-      p[k] = p[k] - alpha * wd * p[k] - alpha * upd;
+      math::adafactor_update(p[k], g[k], ri * c[j], m ? m + k : nullptr, ac);
     }
   }
 }
@@ -159,32 +137,51 @@ void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const Ada
   double u_sq = 0, p_sq = 0;
 #pragma omp parallel for schedule(static) reduction(+ : u_sq, p_sq) if (n > kGrain)
   for (std::int64_t i = 0; i < n; ++i) {
-    const T vi = b2 * v[i] + one_b2 * (g[i] * g[i] + eps1);
+    const T vi = math::adafactor_moment(v[i], g[i], b2, one_b2, eps1);
     v[i] = vi;
-    const T u = g[i] / std::sqrt(vi);
+    const T u = math::adafactor_u(g[i], vi);
     u_sq += static_cast<double>(u) * u;
     p_sq += static_cast<double>(p[i]) * p[i];
   }
   const AdafactorApply a = adafactor_apply(s, u_sq, p_sq, n);
-  const T alpha = static_cast<T>(a.alpha), inv_clip = static_cast<T>(1.0 / a.clip_div);
-  const T wd = static_cast<T>(s.weight_decay);
-  const T b1 = static_cast<T>(s.beta1), one_b1 = static_cast<T>(1.0 - s.beta1);
-  const bool use_m = s.beta1 != 0.0 && m != nullptr;
+  const auto ac = math::adafactor_consts<T>(a.alpha, a.clip_div, s.weight_decay, s.beta1);
 #pragma omp parallel for schedule(static) if (n > kGrain)
-  for (std::int64_t i = 0; i < n; ++i) {
-    T upd = g[i] / std::sqrt(v[i]) * inv_clip;
-    if (use_m) upd = m[i] = b1 * m[i] + one_b1 * upd;
-    p[i] = p[i] - alpha * wd * p[i] - alpha * upd;
+  for (std::int64_t i = 0; i < n; ++i) math::adafactor_update(p[i], g[i], v[i], m ? m + i : nullptr, ac);
+}
+
+// ---- multi-tensor steps: the per-tensor kernels, tensor after tensor (the CUDA backend launches once) ----
+template <class T>
+void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& s) {
+  for (int i = 0; i < count; ++i) adam_step<T>(tensors[i].p, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, s);
+}
+template <class T>
+void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& s) {
+  for (int i = 0; i < count; ++i) sgd_step<T>(tensors[i].p, tensors[i].g, tensors[i].buf, tensors[i].n, s);
+}
+template <class T>
+void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars& s, double* trust_ratios) {
+  for (int i = 0; i < count; ++i) {
+    const double r = lamb_step<T>(tensors[i].p, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, s);
+    if (trust_ratios) trust_ratios[i] = r;
+  }
+}
+template <class T>
+void adafactor_step_multi(const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& s) {
+  for (int i = 0; i < count; ++i) {
+    const AdafactorTensor<T>& x = tensors[i];
+    if (x.rows * x.cols == 0) continue;
+    if (x.v) adafactor_step_full<T>(x.p, x.g, x.v, x.m, x.rows * x.cols, s);
+    else adafactor_step_factored<T>(x.p, x.g, x.r, x.c, x.m, x.rows, x.cols, s);
   }
 }
 
-#define TG_INSTANTIATE_OPTIM(T)                                                                              \
-  template double sum_squares<T>(const T*, std::int64_t);                                                  \
-  template void scale_inplace<T>(T*, std::int64_t, double);                                                \
-  template void adam_step<T>(T*, const T*, T*, T*, std::int64_t, const AdamScalars&);
-TG_INSTANTIATE_OPTIM(float)
-TG_INSTANTIATE_OPTIM(double)
-#undef TG_INSTANTIATE_OPTIM
+template double sum_squares<float>(const float*, std::int64_t);
+template double sum_squares<double>(const double*, std::int64_t);
+template void scale_inplace<float>(float*, std::int64_t, double);
+template void scale_inplace<double>(double*, std::int64_t, double);
+template void adam_step<float>(float*, const float*, float*, float*, std::int64_t, const AdamScalars&);
+template void adam_step<double>(double*, const double*, double*, double*, std::int64_t, const AdamScalars&);
 TG_INSTANTIATE_KERNELS(TG_KERNELS_OPTIM, TG_FP32_FP64_TYPES)
+TG_INSTANTIATE_KERNELS(TG_KERNELS_OPTIM_MULTI, TG_FP32_FP64_TYPES)
 
 }  // namespace tg::backend::cpu

@@ -1,7 +1,9 @@
-// Multi-tensor optimizer and loss-scaler kernels: one launch for every parameter of a group. The host
+// Multi-tensor optimizer kernels (declared once for both devices in detail/kernels/optim.hpp) and the loss
+// scaler's unscale: one launch for every parameter of a group. The host
 // cuts each tensor into kChunk-element chunks and uploads a (tensor, start) table (detail/cuda/
 // multi_tensor.hpp, CPU-tested); block b handles chunk b. The element math is detail/math.hpp's
 // (math::adam_update, sgd_update, lamb_moments / lamb_direction), the bodies of the CPU's loops.
+#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
@@ -17,10 +19,10 @@ using detail::chunk_table;
 using detail::kChunk;
 
 // ---- kernels --------------------------------------------------------------------------------------------
-__global__ void adam_multi_kernel(const AdamTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+__global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                   math::AdamConsts<float> c) {
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
-    const AdamTensor t = tensors[chunks[b].tensor];
+    const AdamTensor<float> t = tensors[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
     for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
       float p = t.p[i], m = t.m[i], v = t.v[i];
@@ -49,10 +51,10 @@ __global__ void unscale_kernel(float* const* grads, const std::int64_t* sizes, c
 }
 
 template <bool kMomentum>
-__global__ void sgd_multi_kernel(const SgdTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+__global__ void sgd_multi_kernel(const SgdTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                  math::SgdConsts<float> c) {
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
-    const SgdTensor t = tensors[chunks[b].tensor];
+    const SgdTensor<float> t = tensors[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
     for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
       float p = t.p[i], buf = kMomentum ? t.buf[i] : 0.f;
@@ -65,11 +67,11 @@ __global__ void sgd_multi_kernel(const SgdTensor* tensors, const Chunk* chunks, 
 
 /// LAMB pass 1 over every chunk: m, v updated; the chunk's sums of p² and u² into partials[2 b], [2 b + 1]
 /// (a block-shape-fixed order: deterministic).
-__global__ void lamb_moments_multi_kernel(const LambTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+__global__ void lamb_moments_multi_kernel(const LambTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                           math::LambConsts<float> c, double* partials) {
   __shared__ double shm[32];
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
-    const LambTensor t = tensors[chunks[b].tensor];
+    const LambTensor<float> t = tensors[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
     double pn = 0, un = 0;
     for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
@@ -91,10 +93,10 @@ __global__ void lamb_moments_multi_kernel(const LambTensor* tensors, const Chunk
   }
 }
 /// LAMB pass 2: p -= scales[tensor]·u, scales[t] = lr·trust_t rounded to fp32 (the CPU kernel's `scale`).
-__global__ void lamb_apply_multi_kernel(const LambTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+__global__ void lamb_apply_multi_kernel(const LambTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                         math::LambConsts<float> c, const float* scales) {
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
-    const LambTensor t = tensors[chunks[b].tensor];
+    const LambTensor<float> t = tensors[chunks[b].tensor];
     const float scale = scales[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
     for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x)
@@ -107,23 +109,26 @@ unsigned blocks_for(std::size_t chunks) { return static_cast<unsigned>(std::min<
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------------------
-void adam_step_multi(const AdamTensor* tensors, int count, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, bool decoupled, long long step) {
+template <class T>
+void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& s) {
+  static_assert(std::is_same_v<T, float>, "cuda::adam_step_multi: fp32 masters only");
   if (count <= 0) return;
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
   for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
   const std::vector<Chunk> chunks = chunk_table(count, sizes.data());
   if (chunks.empty()) return;
-  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(AdamTensor)), wc(chunks.size() * sizeof(Chunk));
-  const AdamTensor* dt = detail::upload(wt, tensors, count);
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(AdamTensor<float>)), wc(chunks.size() * sizeof(Chunk));
+  const AdamTensor<float>* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
   adam_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(
       dt, dc, static_cast<std::int64_t>(chunks.size()),
-      math::adam_consts<float>(lr, beta1, beta2, eps, weight_decay, decoupled, step));
+      math::adam_consts<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
   TG_CUDA_LAUNCHED();
 }
 
-void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s) {
+template <class T>
+void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& s) {
+  static_assert(std::is_same_v<T, float>, "cuda::sgd_step_multi: fp32 masters only");
   if (count <= 0) return;
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
   for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
@@ -134,8 +139,8 @@ void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s) {
     for (int t = 0; t < count; ++t)
       TG_CHECK(tensors[t].buf != nullptr || tensors[t].n == 0, "sgd_step_multi: tensor ", t,
                " has no momentum buffer, and momentum is ", s.momentum);
-  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(SgdTensor)), wc(chunks.size() * sizeof(Chunk));
-  const SgdTensor* dt = detail::upload(wt, tensors, count);
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(SgdTensor<float>)), wc(chunks.size() * sizeof(Chunk));
+  const SgdTensor<float>* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
   const auto n_chunks = static_cast<std::int64_t>(chunks.size());
   if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c);
@@ -143,7 +148,9 @@ void sgd_step_multi(const SgdTensor* tensors, int count, const SgdScalars& s) {
   TG_CUDA_LAUNCHED();
 }
 
-void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s, double* trust_ratios) {
+template <class T>
+void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars& s, double* trust_ratios) {
+  static_assert(std::is_same_v<T, float>, "cuda::lamb_step_multi: fp32 masters only");
   if (count <= 0) return;
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
   for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
@@ -151,9 +158,9 @@ void lamb_step_multi(const LambTensor* tensors, int count, const LambScalars& s,
   const auto n_chunks = static_cast<std::int64_t>(chunks.size());
   std::vector<double> partials(chunks.size() * 2);
   const auto c = math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
-  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(LambTensor)), wc(chunks.size() * sizeof(Chunk)),
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(LambTensor<float>)), wc(chunks.size() * sizeof(Chunk)),
       wp(partials.size() * sizeof(double)), ws(static_cast<std::size_t>(count) * sizeof(float));
-  const LambTensor* dt = detail::upload(wt, tensors, count);
+  const LambTensor<float>* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
   if (n_chunks > 0) {
     lamb_moments_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, wp.as<double>());
@@ -190,5 +197,10 @@ bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count
   detail::download(&found, wf.as<int>(), 1);
   return found != 0;
 }
+
+// adafactor_step_multi is in optim_tensor.cu, next to the per-tensor Adafactor kernels it generalizes.
+template void adam_step_multi<float>(const AdamTensor<float>*, int, const AdamScalars&);
+template void sgd_step_multi<float>(const SgdTensor<float>*, int, const SgdScalars&);
+template void lamb_step_multi<float>(const LambTensor<float>*, int, const LambScalars&, double*);
 
 }  // namespace tg::backend::cuda

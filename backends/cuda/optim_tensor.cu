@@ -77,7 +77,8 @@ __global__ void lamb_apply_kernel(float* p, const float* m, const float* v, std:
 // Items of all tensors are numbered in one range per launch (detail::prefix_starts; a tensor without items
 // of that kind has an empty share) and each block or thread finds its tensor with detail::owner_of. The
 // formulas are backends/cpu/optim.cpp's: fp64 row and column sums of g² + eps1, V̂ = R_i·(1/ΣR)·C_j in fp32,
-// U = g / sqrt(V̂), fp64 sums of U² and X² for the step size and clipping.
+// U = g / sqrt(V̂) (math::adafactor_u), fp64 sums of U² and X² for the step size and clipping, and the
+// element functions math::adafactor_moment / adafactor_update.
 
 /// The second-moment estimate of element k: factored R_i C_j / sum R, or the full v[k].
 struct SecondMoment {
@@ -90,13 +91,13 @@ struct SecondMoment {
 };
 
 /// Global row `row` of the factored tensors (one block per row, grid-stride over rows).
-__global__ void adafactor_rows_multi_kernel(const AdafactorTensor* tensors, int count, const std::int64_t* row_starts,
+__global__ void adafactor_rows_multi_kernel(const AdafactorTensor<float>* tensors, int count, const std::int64_t* row_starts,
                                             double b2, double eps1) {
   __shared__ double shm[32];
   const std::int64_t total = row_starts[count];
   for (std::int64_t row = blockIdx.x; row < total; row += gridDim.x) {  // uniform over the block
     const int t = detail::owner_of(row_starts, count, row);
-    const AdafactorTensor x = tensors[t];
+    const AdafactorTensor<float> x = tensors[t];
     const std::int64_t i = row - row_starts[t];
     const float* gi = x.g + i * x.cols;
     double acc = 0;
@@ -106,11 +107,11 @@ __global__ void adafactor_rows_multi_kernel(const AdafactorTensor* tensors, int 
   }
 }
 /// Global column `col` of the factored tensors (one thread per column, rows in order).
-__global__ void adafactor_cols_multi_kernel(const AdafactorTensor* tensors, int count, const std::int64_t* col_starts,
+__global__ void adafactor_cols_multi_kernel(const AdafactorTensor<float>* tensors, int count, const std::int64_t* col_starts,
                                             double b2, double eps1) {
   TG_GRID_STRIDE(col, col_starts[count]) {
     const int t = detail::owner_of(col_starts, count, col);
-    const AdafactorTensor x = tensors[t];
+    const AdafactorTensor<float> x = tensors[t];
     const std::int64_t j = col - col_starts[t];
     double acc = 0;
     for (std::int64_t i = 0; i < x.rows; ++i) {
@@ -121,21 +122,21 @@ __global__ void adafactor_cols_multi_kernel(const AdafactorTensor* tensors, int 
   }
 }
 /// The full second moments, over the chunks of the full tensors.
-__global__ void adafactor_full_moment_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks,
+__global__ void adafactor_full_moment_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks,
                                                    std::int64_t n_chunks, float b2, float one_b2, float eps1) {
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
-    const AdafactorTensor x = tensors[chunks[b].tensor];
+    const AdafactorTensor<float> x = tensors[chunks[b].tensor];
     const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
     for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x)
-      x.v[k] = b2 * x.v[k] + one_b2 * (x.g[k] * x.g[k] + eps1);
+      x.v[k] = math::adafactor_moment(x.v[k], x.g[k], b2, one_b2, eps1);
   }
 }
 /// inv_total[t] = 1 / sum of tensor t's row statistics, summed in row order in fp64 (one thread per tensor,
 /// the CPU's order); 1 for a full tensor (unused there).
-__global__ void adafactor_row_totals_kernel(const AdafactorTensor* tensors, int count, float* inv_total) {
+__global__ void adafactor_row_totals_kernel(const AdafactorTensor<float>* tensors, int count, float* inv_total) {
   const int t = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= count) return;
-  const AdafactorTensor x = tensors[t];
+  const AdafactorTensor<float> x = tensors[t];
   if (!x.r) {
     inv_total[t] = 1.f;
     return;
@@ -144,21 +145,21 @@ __global__ void adafactor_row_totals_kernel(const AdafactorTensor* tensors, int 
   for (std::int64_t i = 0; i < x.rows; ++i) total += static_cast<double>(x.r[i]);
   inv_total[t] = static_cast<float>(1.0 / total);
 }
-__device__ SecondMoment second_moment_of(const AdafactorTensor& x, float inv_total) {
+__device__ SecondMoment second_moment_of(const AdafactorTensor<float>& x, float inv_total) {
   return {x.r, x.c, x.v, x.cols, inv_total};
 }
 /// Per-chunk sums of U² and X² into partials[2 b], [2 b + 1] (fixed block shape: deterministic).
-__global__ void adafactor_norms_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
+__global__ void adafactor_norms_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                              const float* inv_total, double* partials) {
   __shared__ double shm[32];
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
     const int t = chunks[b].tensor;
-    const AdafactorTensor x = tensors[t];
+    const AdafactorTensor<float> x = tensors[t];
     const SecondMoment sm = second_moment_of(x, inv_total[t]);
     const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
     double u_sq = 0, p_sq = 0;
     for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x) {
-      const float u = x.g[k] / sqrtf(sm.at(k));
+      const float u = math::adafactor_u(x.g[k], sm.at(k));
       u_sq += static_cast<double>(u) * u;
       p_sq += static_cast<double>(x.p[k]) * x.p[k];
     }
@@ -170,21 +171,21 @@ __global__ void adafactor_norms_multi_kernel(const AdafactorTensor* tensors, con
     }
   }
 }
-/// The update with tensor t's step size alpha[t] and clipping 1 / clip_div as inv_clip[t].
-__global__ void adafactor_apply_multi_kernel(const AdafactorTensor* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                             const float* inv_total, const float* alpha, const float* inv_clip, float wd,
-                                             bool use_m, float b1, float one_b1) {
+/// The update (math::adafactor_update) with tensor t's step size alpha[t] and clipping 1 / clip_div as
+/// inv_clip[t]; `c` holds the rest (its alpha and inv_clip are replaced per tensor).
+__global__ void adafactor_apply_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
+                                             const float* inv_total, const float* alpha, const float* inv_clip,
+                                             math::AdafactorConsts<float> c) {
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const int t = chunks[b].tensor;
-    const AdafactorTensor x = tensors[t];
+    const AdafactorTensor<float> x = tensors[t];
     const SecondMoment sm = second_moment_of(x, inv_total[t]);
-    const float a = alpha[t], ic = inv_clip[t];
+    math::AdafactorConsts<float> ct = c;
+    ct.alpha = alpha[t];
+    ct.inv_clip = inv_clip[t];
     const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
-    for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x) {
-      float upd = x.g[k] / sqrtf(sm.at(k)) * ic;
-      if (use_m && x.m) upd = x.m[k] = b1 * x.m[k] + one_b1 * upd;  // beta1 == 0 or no m: no first moment
-      x.p[k] = x.p[k] - a * wd * x.p[k] - a * upd;
-    }
+    for (std::int64_t k = chunks[b].start + threadIdx.x; k < end; k += blockDim.x)
+      math::adafactor_update(x.p[k], x.g[k], sm.at(k), x.m ? x.m + k : nullptr, ct);  // no m: no first moment
   }
 }
 
@@ -221,7 +222,7 @@ void adafactor_step_factored(T* p, const T* g, T* r, T* c, T* m, std::int64_t ro
                              const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_factored: fp32 masters only");
   if (rows <= 0 || cols <= 0) return;
-  const AdafactorTensor t{p, g, r, c, nullptr, m, rows, cols};
+  const AdafactorTensor<float> t{p, g, r, c, nullptr, m, rows, cols};
   adafactor_step_multi(&t, 1, s);
 }
 
@@ -229,17 +230,19 @@ template <class T>
 void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s) {
   static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_full: fp32 masters only");
   if (n <= 0) return;
-  const AdafactorTensor t{p, g, nullptr, nullptr, v, m, 1, n};
+  const AdafactorTensor<float> t{p, g, nullptr, nullptr, v, m, 1, n};
   adafactor_step_multi(&t, 1, s);
 }
 
-void adafactor_step_multi(const AdafactorTensor* tensors, int count, const AdafactorScalars& s) {
+template <class T>
+void adafactor_step_multi(const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& s) {
+  static_assert(std::is_same_v<T, float>, "cuda::adafactor_step_multi: fp32 masters only");
   if (count <= 0) return;
   const auto n = static_cast<std::size_t>(count);
   std::vector<std::int64_t> rows(n, 0), cols(n, 0), full(n, 0), all(n, 0);
   std::int64_t max_cols = 1;
   for (std::size_t t = 0; t < n; ++t) {
-    const AdafactorTensor& x = tensors[t];
+    const AdafactorTensor<float>& x = tensors[t];
     TG_CHECK(x.rows >= 0 && x.cols >= 0, "adafactor_step_multi: tensor ", t, " has shape [", x.rows, ", ", x.cols, "]");
     TG_CHECK((x.v != nullptr) != (x.r != nullptr && x.c != nullptr) && (x.r == nullptr) == (x.c == nullptr),
              "adafactor_step_multi: tensor ", t, " must have either r and c (factored) or v (full)");
@@ -258,10 +261,10 @@ void adafactor_step_multi(const AdafactorTensor* tensors, int count, const Adafa
   const std::vector<std::int64_t> row_starts = detail::prefix_starts(count, rows.data()),
                                   col_starts = detail::prefix_starts(count, cols.data());
   const auto n_chunks = static_cast<std::int64_t>(chunks.size()), n_full = static_cast<std::int64_t>(full_chunks.size());
-  detail::Workspace wt(n * sizeof(AdafactorTensor)), wr((n + 1) * sizeof(std::int64_t)), wc((n + 1) * sizeof(std::int64_t)),
+  detail::Workspace wt(n * sizeof(AdafactorTensor<float>)), wr((n + 1) * sizeof(std::int64_t)), wc((n + 1) * sizeof(std::int64_t)),
       wch(chunks.size() * sizeof(Chunk)), wfull(full_chunks.size() * sizeof(Chunk)), wtot(n * sizeof(float)),
       wp(chunks.size() * 2 * sizeof(double)), wa(n * sizeof(float)), wi(n * sizeof(float));
-  const AdafactorTensor* dt = detail::upload(wt, tensors, count);
+  const AdafactorTensor<float>* dt = detail::upload(wt, tensors, count);
   const std::int64_t* drows = detail::upload(wr, row_starts.data(), count + 1);
   const std::int64_t* dcols = detail::upload(wc, col_starts.data(), count + 1);
   const Chunk* dch = detail::upload(wch, chunks.data(), n_chunks);
@@ -299,13 +302,12 @@ void adafactor_step_multi(const AdafactorTensor* tensors, int count, const Adafa
   }
   const float* dalpha = detail::upload(wa, alpha.data(), count);
   const float* dclip = detail::upload(wi, inv_clip.data(), count);
-  const bool use_m = s.beta1 != 0.0;
   adafactor_apply_multi_kernel<<<chunk_blocks, detail::kThreads, 0, detail::stream()>>>(
-      dt, dch, n_chunks, wtot.as<float>(), dalpha, dclip, static_cast<float>(s.weight_decay), use_m,
-      static_cast<float>(s.beta1), static_cast<float>(1.0 - s.beta1));
+      dt, dch, n_chunks, wtot.as<float>(), dalpha, dclip, math::adafactor_consts<float>(0.0, 1.0, s.weight_decay, s.beta1));
   TG_CUDA_LAUNCHED();
 }
 
 TG_INSTANTIATE_KERNELS(TG_KERNELS_OPTIM, TG_FP32_TYPES)
+template void adafactor_step_multi<float>(const AdafactorTensor<float>*, int, const AdafactorScalars&);
 
 }  // namespace tg::backend::cuda

@@ -1,8 +1,6 @@
-// The trainer's guards against bad input and lost output (Note [the trainer's guards]): every flag checked
-// before any allocation, a memory estimate against the machine, the run id that owns a save directory, and
-// a JSON-lines log whose every write is checked and which a resumed run continues.
+// The trainer's guards against bad input (Note [the trainer's guards]): every flag checked before any
+// allocation, and a memory estimate against the machine.
 //   train_gpt::validate_options(o);  train_gpt::check_memory(o, config);
-//   train_gpt::RunLog log(o.log, /*resume_step=*/start_step, /*warn_only=*/false);  log.write(step, line);
 #pragma once
 
 #include <sched.h>
@@ -173,84 +171,5 @@ void check_memory(const Options& o, const tg::nn::GPTConfig& c) {
                     ": weights, optimizer state, logits and activations), more than the ", gib(have),
                     " this process may use; lower --batch or --seq");
 }
-
-/// A fresh run's id: 16 hex digits from the clock and the OS's entropy (Note [runs own their checkpoints]).
-inline std::string new_run_id() {
-  std::random_device rd;
-  const std::uint64_t t = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32 ^ rd()) ^ (t * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(::getpid());
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-/// The run's JSON-lines log (--log). Every line is written and flushed at once and checked: a failed write
-/// (a full disk, /dev/full) throws naming the file and the step, or, with `warn_only`, is reported once on
-/// stderr and ends the logging. A resumed run keeps the lines of steps up to `resume_step` and continues
-/// after them (lines of later steps, from the interrupted run, are dropped: the resumed run writes them anew).
-class RunLog {
- public:
-  RunLog() = default;
-  RunLog(const std::string& path, std::int64_t resume_step, bool warn_only) : path_(path), warn_only_(warn_only) {
-    if (path.empty()) return;
-    if (resume_step > 0) keep_lines_up_to(resume_step);
-    f_ = std::fopen(path.c_str(), resume_step > 0 ? "a" : "w");
-    if (!f_) throw tg::Error("--log: cannot open '", path, "' for writing: ", std::strerror(errno));
-  }
-  RunLog(const RunLog&) = delete;
-  RunLog& operator=(const RunLog&) = delete;
-  ~RunLog() {
-    if (f_) std::fclose(f_);
-  }
-  bool is_open() const { return f_ != nullptr; }
-
-  /// Writes one line (a newline is added) for `step`.
-  void write(std::int64_t step, const std::string& line) {
-    if (!f_) return;
-    const bool ok = std::fputs(line.c_str(), f_) >= 0 && std::fputc('\n', f_) != EOF && std::fflush(f_) == 0;
-    if (ok) return;
-    const std::string why = std::strerror(errno);
-    std::fclose(f_);
-    f_ = nullptr;
-    if (!warn_only_)
-      throw tg::Error("--log: writing '", path_, "' failed at step ", step, ": ", why,
-                      " (--log-errors warn keeps training without the log)");
-    std::fprintf(stderr, "\nwarning: --log: writing '%s' failed at step %lld: %s; the log ends here, training goes on\n",
-                 path_.c_str(), static_cast<long long>(step), why.c_str());
-  }
-
- private:
-  /// Rewrites the log with only its lines of steps <= `step` (atomically: a temporary, then rename).
-  void keep_lines_up_to(std::int64_t step) {
-    struct stat st {};
-    if (::stat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // no log yet (or a device): append
-    std::ifstream in(path_);
-    if (!in) throw tg::Error("--log: cannot read '", path_, "' to continue it: ", std::strerror(errno));
-    std::string kept, line;
-    while (std::getline(in, line)) {
-      constexpr std::string_view key = "{\"step\":";
-      if (!line.starts_with(key)) continue;
-      std::int64_t s = 0;
-      auto [p, ec] = std::from_chars(line.data() + key.size(), line.data() + line.size(), s);
-      if (ec != std::errc() || s > step) continue;
-      kept += line;
-      kept += '\n';
-    }
-    const std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
-    FILE* out = std::fopen(tmp.c_str(), "w");
-    if (!out) throw tg::Error("--log: cannot rewrite '", path_, "' for the resumed run: ", std::strerror(errno));
-    const bool ok = std::fwrite(kept.data(), 1, kept.size(), out) == kept.size() && std::fflush(out) == 0;
-    const int err = errno;
-    std::fclose(out);
-    if (!ok || std::rename(tmp.c_str(), path_.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw tg::Error("--log: cannot rewrite '", path_, "' for the resumed run: ", std::strerror(ok ? errno : err));
-    }
-  }
-
-  std::string path_;
-  bool warn_only_ = false;
-  FILE* f_ = nullptr;
-};
 
 }  // namespace train_gpt

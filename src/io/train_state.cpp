@@ -188,9 +188,8 @@ TrainStateRecord open_checked(const SafetensorsReader& rd) {
 }
 
 /// Checks that `rd` holds each parameter as F32 with its shape (`convert`: any floating dtype).
-void check_params(const SafetensorsReader& rd, const std::vector<optim::Param>& params, bool convert,
-                  const char* who) {
-  for (const optim::Param& p : params) {
+void check_params(const SafetensorsReader& rd, const ParamsView& params, bool convert, const char* who) {
+  for (const ParamsView::Entry& p : params) {
     if (!rd.contains(p.name)) throw Error(who, ": ", rd.path(), ": missing tensor '", p.name, "' (a parameter of the model)");
     const TensorInfo& t = rd.info(p.name);
     const bool dtype_ok = t.dtype == DType::f32 ||
@@ -198,9 +197,9 @@ void check_params(const SafetensorsReader& rd, const std::vector<optim::Param>& 
     if (!dtype_ok)
       throw Error(who, ": ", rd.path(), ": tensor '", p.name, "' has dtype ", dtype_safetensors_name(t.dtype),
                   ", expected F32", convert ? " (or F64, F16, BF16)" : "");
-    if (!(t.shape == p.tensor.shape()))
+    if (!(t.shape == p.shape))
       throw Error(who, ": ", rd.path(), ": tensor '", p.name, "' has shape ", t.shape, ", the model's parameter has shape ",
-                  p.tensor.shape());
+                  p.shape);
   }
 }
 
@@ -234,35 +233,29 @@ void check_finite(const SafetensorsReader& rd, const std::string& name, const ch
                           " (the first, at flat index ", first, ", is ", first_value, "); nothing was loaded");
 }
 
-void check_params_finite(const SafetensorsReader& rd, const std::vector<optim::Param>& params, const char* who) {
-  for (const optim::Param& p : params) check_finite(rd, p.name, who);
+void check_params_finite(const SafetensorsReader& rd, const ParamsView& params, const char* who) {
+  for (const ParamsView::Entry& p : params) check_finite(rd, p.name, who);
 }
 
-void copy_params(const SafetensorsReader& rd, const std::vector<optim::Param>& params) {
-  for (const optim::Param& p : params) {
+void copy_params(const SafetensorsReader& rd, const ParamsView& params) {
+  for (const ParamsView::Entry& p : params) {
     const TensorInfo& t = rd.info(p.name);
-    if (t.dtype == DType::f32) {
-      const auto b = rd.bytes(p.name);
-      if (!b.empty()) std::memcpy(p.tensor.data(), b.data(), b.size());
-    } else {
-      const Tensor<fp32> v = rd.get_converted<fp32>(p.name);
-      if (v.numel() > 0) std::memcpy(p.tensor.data(), v.data(), v.nbytes());
-    }
+    p.write(t.dtype == DType::f32 ? rd.get<fp32>(p.name) : rd.get_converted<fp32>(p.name));
   }
 }
 }  // namespace
 
 // ---- training state ---------------------------------------------------------------------------------
-void save_train_state(const std::string& path, const std::vector<optim::Param>& params, const optim::Optimizer& opt,
+void save_train_state(const std::string& path, const ParamsView& params, const optim::AnyOptimizer& opt,
                       const TrainStateRecord& record) {
   TrainStateRecord r = record;
   r.optimizer = opt.name();
   const std::string state = record_to_json(r).dump();
   SafetensorsWriter w;
-  for (const optim::Param& p : params) {
+  for (const ParamsView::Entry& p : params) {
     TG_CHECK(!p.name.starts_with(kOptimPrefix), "save_train_state: parameter name '", p.name, "' uses the reserved prefix '",
              kOptimPrefix, "'");
-    w.add(p.name, p.tensor);
+    w.add(p.name, p.read());
   }
   for (const optim::NamedTensor& e : opt.state_tensors()) w.add(kOptimPrefix + e.name, e.tensor);
   w.set_metadata("format", kFormat);
@@ -276,7 +269,7 @@ TrainStateRecord read_train_state_record(const std::string& path) {
   return open_checked(SafetensorsReader::open(path));
 }
 
-TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt,
+TrainStateRecord load_train_state(const std::string& path, const ParamsView& params, optim::AnyOptimizer& opt,
                                   const LoadOptions& options) {
   const SafetensorsReader rd = SafetensorsReader::open(path);
   TrainStateRecord r = open_checked(rd);
@@ -286,7 +279,7 @@ TrainStateRecord load_train_state(const std::string& path, const std::vector<opt
   if (!options.allow_non_finite)
     for (const TensorInfo& t : rd.tensors()) check_finite(rd, t.name, "checkpoint");
   std::set<std::string> names;
-  for (const optim::Param& p : params) names.insert(p.name);
+  for (const ParamsView::Entry& p : params) names.insert(p.name);
   std::vector<optim::NamedTensor> state;
   for (const TensorInfo& t : rd.tensors()) {
     if (names.count(t.name)) continue;
@@ -296,12 +289,10 @@ TrainStateRecord load_train_state(const std::string& path, const std::vector<opt
       fail(path, "optimizer state '" + t.name + "' has dtype " + std::string(dtype_safetensors_name(t.dtype)) + ", expected F32");
     state.push_back({t.name.substr(std::strlen(kOptimPrefix)), rd.get<fp32>(t.name)});
   }
-  // Optimizer::load_state checks names and shapes but changes state as it goes: keep a copy to put back.
-  const std::vector<optim::NamedTensor> before = opt.state_tensors();
+  // load_state checks every entry before it changes anything (Note [optimizer state]).
   try {
     opt.load_state(state);
   } catch (const Error& e) {
-    opt.load_state(before);
     fail(path, std::string("optimizer state does not fit the optimizer: ") + e.what());
   }
   copy_params(rd, params);
@@ -309,23 +300,22 @@ TrainStateRecord load_train_state(const std::string& path, const std::vector<opt
 }
 
 // ---- weights ----------------------------------------------------------------------------------------
-void save_weights(const std::string& path, const std::vector<optim::Param>& params,
-                  const std::map<std::string, std::string>& metadata) {
+void save_weights(const std::string& path, const ParamsView& params, const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w;
-  for (const optim::Param& p : params) w.add(p.name, p.tensor);
+  for (const ParamsView::Entry& p : params) w.add(p.name, p.read());
   w.set_metadata("format", "pt");
   for (const auto& [k, v] : metadata) w.set_metadata(k, v);
   w.write(path);
 }
 
-void load_weights(const std::string& path, const std::vector<optim::Param>& params, const LoadOptions& options) {
+void load_weights(const std::string& path, const ParamsView& params, const LoadOptions& options) {
   const SafetensorsReader rd = SafetensorsReader::open(path);
   const bool is_checkpoint = rd.metadata_value("format") == std::string(kFormat);
   if (is_checkpoint) open_checked(rd);
   else rd.verify_checksums(/*required=*/false);
   check_params(rd, params, /*convert=*/!is_checkpoint, "load_weights");
   std::set<std::string> names;
-  for (const optim::Param& p : params) names.insert(p.name);
+  for (const ParamsView::Entry& p : params) names.insert(p.name);
   for (const TensorInfo& t : rd.tensors()) {
     if (names.count(t.name) || (is_checkpoint && t.name.starts_with(kOptimPrefix))) continue;
     throw Error("load_weights: ", path, ": unexpected tensor '", t.name, "' (not a parameter of the model)");
@@ -440,8 +430,7 @@ std::vector<std::pair<std::int64_t, std::string>> CheckpointDir::other_runs(cons
   return all;
 }
 
-std::string CheckpointDir::save(const std::vector<optim::Param>& params, const optim::Optimizer& opt,
-                                const TrainStateRecord& record) {
+std::string CheckpointDir::save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record) {
   const std::string path = path_for(record.step);
   if (::access(path.c_str(), F_OK) == 0) {
     const auto owner = checkpoint_run_id(path);

@@ -1,14 +1,18 @@
 // Mixed precision (include/typegrad/amp): policies and autocast rules, loss scalers (skip on inf with
 // weights and optimizer state unchanged, backoff, growth, unscale before clipping, state round trip),
-// per-step weight copies (refreshed once per optimizer step, gradients reaching the fp32 masters), the
-// activation memory of bf16 vs fp32, and bf16 / fp16 training of the tiny GPT tracking fp32.
+// per-step weight copies (attached to their masters, one owner at a time, detached at destruction; refreshed
+// once per optimizer step; stale ones refused; read by a checkpoint's recompute; gradients reaching the fp32
+// masters), the activation memory of bf16 vs fp32, and bf16 / fp16 training of the tiny GPT tracking fp32.
 #include <typegrad/config.hpp>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <typegrad/amp/amp.hpp>
@@ -61,7 +65,7 @@ static_assert(std::is_same_v<decltype(amp::MixedPrecision<amp::bf16_mixed, amp::
                              amp::WeightCopies<bf16, cuda>>);
 static_assert(std::is_same_v<amp::WeightCopies<fp16>, amp::WeightCopies<fp16, cpu>>);
 // Both optimizer families can be watched for stale copies; a type without step_count() cannot.
-static_assert(amp::StepCountingOptimizer<optim::Optimizer> && amp::StepCountingOptimizer<optim::DeviceAdam<cuda>>);
+static_assert(amp::StepCountingOptimizer<optim::Optimizer> && amp::StepCountingOptimizer<optim::BasicAdamW<cuda>>);
 static_assert(!amp::StepCountingOptimizer<int> && !std::is_constructible_v<amp::OptimizerSteps, const int*>);
 
 TEST(AmpPolicy, RunTimeNamesBecomeTypes) {
@@ -365,12 +369,13 @@ TEST(AmpWeights, CopiesAreRefreshedOncePerOptimizerStep) {
   const Tensor<bf16> copy = mp.weights.copy_of(wte);
   ASSERT_TRUE(copy.defined());
   {
-    amp::UseCopies use(mp.weights);
     const Tensor<bf16> seen = amp::param_as<bf16>(wte);
-    EXPECT_EQ(seen.data(), copy.data()) << "the forward reads the cached copy, no conversion";
+    EXPECT_EQ(seen.data(), copy.data()) << "the forward reads the attached copy, no conversion";
     EXPECT_TRUE(seen.requires_grad());
   }
-  EXPECT_NE(amp::param_as<bf16>(wte).data(), copy.data()) << "without an active copy, param_as converts";
+  EXPECT_EQ(amp::param_as<fp32>(wte).data(), wte.data()) << "an fp32 forward reads the master itself";
+  EXPECT_NE(static_cast<const void*>(amp::param_as<fp16>(wte).data()), static_cast<const void*>(copy.data()))
+      << "another compute type converts";
 
   for (int step = 0; step < 3; ++step) {
     for (int m = 0; m < 4; ++m) {
@@ -400,16 +405,24 @@ TEST(AmpWeights, StaleCopiesAreAnError) {
   cross_entropy(s.model.forward<fp32>(s.idx), s.tgt).backward();
   opt.step();
   EXPECT_TRUE(copies.stale());
-  try {
-    amp::UseCopies use(copies);
-    FAIL() << "expected tg::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("weight copies are stale"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("call refresh() after every optimizer step"), std::string::npos);
-  }
+  const auto expect_stale_error = [](auto&& f, const char* what) {
+    try {
+      f();
+      FAIL() << "expected tg::Error from " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("weight copies are stale"), std::string::npos) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("call refresh() after every optimizer step"), std::string::npos) << what;
+    }
+  };
+  expect_stale_error([&] { copies.check_fresh(); }, "check_fresh()");
+  // The copies are attached to the masters: any bf16 forward would read them, so param_as refuses.
+  expect_stale_error([&] { (void)amp::param_as<bf16>(s.params[0].tensor); }, "param_as<bf16>");
+  expect_stale_error([&] { (void)s.model.forward<bf16>(s.idx); }, "forward<bf16>");
+  EXPECT_NO_THROW((void)s.model.forward<fp32>(s.idx)) << "fp32 reads the masters: never stale";
   copies.refresh();
   EXPECT_FALSE(copies.stale());
-  EXPECT_NO_THROW(amp::UseCopies<bf16>{copies});
+  EXPECT_NO_THROW(copies.check_fresh());
+  EXPECT_NO_THROW((void)s.model.forward<bf16>(s.idx));
 }
 
 TEST(AmpWeights, StaleCopiesOnTheCpuAreDetectedWithTheHostOptimizer) {
@@ -420,12 +433,14 @@ TEST(AmpWeights, StaleCopiesOnTheCpuAreDetectedWithTheHostOptimizer) {
   const Tensor<fp32>& wte = s.params[0].tensor;
   for (int step = 1; step <= 2; ++step) {
     EXPECT_FALSE(copies.stale());
-    EXPECT_NO_THROW((amp::UseCopies<bf16, cpu>{copies}));
+    EXPECT_NO_THROW(copies.check_fresh());
+    EXPECT_EQ(amp::param_as<bf16>(wte).data(), copies.copy_of(wte).data());
     cross_entropy(s.model.forward<fp32>(s.idx), s.tgt).backward();
     opt.step();
     opt.zero_grad();
     EXPECT_TRUE(copies.stale()) << "step " << step;
-    EXPECT_THROW((amp::UseCopies<bf16, cpu>{copies}), Error);
+    EXPECT_THROW(copies.check_fresh(), Error);
+    EXPECT_THROW((void)amp::param_as<bf16>(wte), Error) << "param_as never returns a stale copy";
     EXPECT_NE(copies.copy_of(wte).data()[0].bits, bf16(wte.data()[0]).bits)
         << "the step changed the master, the copy still holds the old value (lr 1e-2 moves it past a bf16 ulp)";
     copies.refresh();
@@ -435,28 +450,30 @@ TEST(AmpWeights, StaleCopiesOnTheCpuAreDetectedWithTheHostOptimizer) {
 }
 
 TEST(AmpWeights, StaleCopiesAreDetectedWithADeviceOptimizer) {
-  // DeviceAdam<cpu> (the device optimizers' CPU instance) is watched through its step count as the host
-  // optimizers are; MixedPrecision takes it too.
+  // BasicAdamW<D> spelled with its device (the form a device's training loop uses, here D = cpu) is watched
+  // through its step count; MixedPrecision<..., D> takes it too.
   TinySetup s(1, 8);
-  optim::DeviceAdam<cpu> opt(s.params, {.lr = 1e-2f});
+  optim::BasicAdamW<cpu> opt(optim::default_groups(s.params, 0.1f), {.lr = 1e-2f});
   optim::Schedule schedule = optim::Constant{1e-2f};
   optim::GradAccum<1> accum;
-  amp::MixedPrecision<amp::bf16_mixed, amp::NoScaler, cpu> mp(s.params, opt);
-  const auto loss = mp.loss(mp.forward(s.model, s.idx, s.gen), s.tgt);
-  accum.scale(loss, mp.scaler).backward();
-  ASSERT_TRUE(accum.micro_step(opt, schedule, std::nullopt, mp.scaler));
-  EXPECT_EQ(opt.step_count(), 1);
-  EXPECT_TRUE(mp.weights.stale());
-  try {
-    (void)mp.forward(s.model, s.idx, s.gen);
-    FAIL() << "expected tg::Error: the forward after a step without after_step() reads stale copies";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bf16 weight copies are stale on cpu"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("(step 1) after the last refresh() (step 0)"), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(mp.after_step(accum));
-  EXPECT_FALSE(mp.weights.stale());
-  EXPECT_NO_THROW((void)mp.forward(s.model, s.idx, s.gen));
+  {
+    amp::MixedPrecision<amp::bf16_mixed, amp::NoScaler, cpu> mp(s.params, opt);
+    const auto loss = mp.loss(mp.forward(s.model, s.idx, s.gen), s.tgt);
+    accum.scale(loss, mp.scaler).backward();
+    ASSERT_TRUE(accum.micro_step(opt, schedule, std::nullopt, mp.scaler));
+    EXPECT_EQ(opt.step_count(), 1);
+    EXPECT_TRUE(mp.weights.stale());
+    try {
+      (void)mp.forward(s.model, s.idx, s.gen);
+      FAIL() << "expected tg::Error: the forward after a step without after_step() reads stale copies";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bf16 weight copies are stale on cpu"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(step 1) after the last refresh() (step 0)"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(mp.after_step(accum));
+    EXPECT_FALSE(mp.weights.stale());
+    EXPECT_NO_THROW((void)mp.forward(s.model, s.idx, s.gen));
+  }  // mp's copies detach: the masters can take other copies
   // Without an optimizer the copies are never stale (nothing to compare with).
   amp::WeightCopies<bf16, cpu> unwatched(s.params, nullptr);
   opt.step();
@@ -485,17 +502,189 @@ TEST(AmpWeights, GradientThroughCopyMatchesGradientThroughTo) {
   // The cached path and the plain to<bf16>() path give the masters the same fp32 gradient.
   TinySetup s(2, 8);
   optim::Sgd opt(s.params, {.lr = 0.f});
-  amp::WeightCopies<bf16> copies(s.params, &opt);
   {
-    amp::UseCopies use(copies);
+    amp::WeightCopies<bf16> copies(s.params, &opt);
+    ASSERT_EQ(amp::param_as<bf16>(s.params[0].tensor).data(), copies.copy_of(s.params[0].tensor).data());
     cross_entropy_as<fp32>(s.model.forward<bf16>(s.idx), s.tgt).backward();
-  }
+  }  // the copies detach: the second forward converts each use with to<bf16>()
   std::vector<std::vector<float>> g1;
   for (auto& p : s.params) g1.push_back(p.tensor.grad().to_vector());
   opt.zero_grad();
+  for (auto& p : s.params) ASSERT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
   cross_entropy_as<fp32>(s.model.forward<bf16>(s.idx), s.tgt).backward();
   for (std::size_t i = 0; i < s.params.size(); ++i)
     EXPECT_EQ(s.params[i].tensor.grad().to_vector(), g1[i]) << s.params[i].name;
+}
+
+/// The tensor bytes the CPU allocator holds now: a conversion allocates its output there, a read of an
+/// attached copy allocates none (its tape node is ordinary heap memory).
+std::int64_t tensor_bytes_in_use() { return allocator<cpu>().stats().bytes_in_use; }
+
+TEST(AmpWeights, CopyIsAttachedToTheMasterAndDetachedAtDestruction) {
+  TinySetup s(1, 8);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  for (const auto& p : s.params) ASSERT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
+  std::optional<amp::WeightCopies<bf16>> copies(std::in_place, s.params);
+  EXPECT_EQ(copies->size(), s.params.size());
+  for (const auto& p : s.params) {
+    const AttachedCopy* slot = p.tensor.storage()->attached_copy();
+    ASSERT_NE(slot, nullptr) << p.name << ": the master holds its copy";
+    EXPECT_EQ(slot->dtype, dtype_traits<bf16>::dtype);
+    EXPECT_EQ(slot->device, DeviceKind::cpu);
+    const Tensor<bf16> copy = copies->copy_of(p.tensor);
+    ASSERT_TRUE(copy.defined()) << p.name;
+    const std::int64_t before = tensor_bytes_in_use();
+    const Tensor<bf16> seen = amp::param_as<bf16>(p.tensor);
+    EXPECT_EQ(tensor_bytes_in_use(), before) << p.name << ": param_as converted instead of reading the copy";
+    EXPECT_EQ(seen.data(), copy.data()) << p.name;
+    EXPECT_EQ(seen.shape(), p.tensor.shape());
+  }
+  // Every handle of the master shares its storage, so every handle sees the copy: a detached one too.
+  EXPECT_EQ(amp::param_as<bf16>(wte.detach()).data(), copies->copy_of(wte).data());
+  // A view of a master (other shape, or other offset) is not the master: a fresh conversion.
+  EXPECT_NE(amp::param_as<bf16>(wte.narrow(0, 0, 2)).data(), copies->copy_of(wte).data());
+  EXPECT_NE(amp::param_as<bf16>(wte.narrow(0, 1, 2)).data(), copies->copy_of(wte).data());
+  // A tensor that is no parameter has no copy.
+  const Tensor<fp32> other = Tensor<fp32>::ones({4, 4});
+  EXPECT_FALSE(copies->copy_of(other).defined());
+  EXPECT_EQ(other.storage()->attached_copy(), nullptr);
+
+  // Moving the WeightCopies keeps the copies attached (and readable through the new owner).
+  const void* copy_data = copies->copy_of(wte).data();
+  amp::WeightCopies<bf16> moved(std::move(*copies));
+  copies.reset();  // the moved-from object detaches nothing
+  ASSERT_NE(wte.storage()->attached_copy(), nullptr);
+  EXPECT_EQ(moved.copy_of(wte).data(), copy_data);
+  EXPECT_EQ(amp::param_as<bf16>(wte).data(), copy_data);
+  EXPECT_EQ(moved.size(), s.params.size());
+  EXPECT_EQ(moved.refreshes(), 1);
+
+  {
+    amp::WeightCopies<bf16> gone(std::move(moved));
+  }  // destroyed: every copy detached
+  for (const auto& p : s.params) EXPECT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
+  const std::int64_t before = tensor_bytes_in_use();
+  const Tensor<bf16> converted = amp::param_as<bf16>(wte);
+  EXPECT_EQ(tensor_bytes_in_use() - before, static_cast<std::int64_t>(converted.nbytes()))
+      << "without copies, param_as converts (a fresh to<bf16>())";
+  EXPECT_TRUE(converted.requires_grad());
+  EXPECT_EQ(converted.to_vector()[3].bits, bf16(wte.data()[3]).bits);
+}
+
+TEST(AmpWeights, ASecondOwnerOfTheSameMastersIsAnError) {
+  // One compute copy per master: a model trains in one compute type. Another WeightCopies over masters
+  // that hold copies is an error (of another type or the same), and the first copies stay intact.
+  TinySetup s(1, 8);
+  const Tensor<fp32>& wte = s.params[0].tensor;
+  amp::WeightCopies<bf16> bf16_copies(s.params);
+  const auto expect_error = [&](auto&& make, const std::string& fragment) {
+    try {
+      make();
+      ADD_FAILURE() << "expected tg::Error containing '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { amp::WeightCopies<fp16> second(s.params); },
+               "amp::WeightCopies: parameter 'wte.weight' already holds bf16 compute copies on cpu attached by "
+               "another amp::WeightCopies");
+  expect_error([&] { amp::WeightCopies<bf16> second(s.params); }, "already holds bf16 compute copies on cpu");
+  optim::Sgd sgd(s.params, {.lr = 0.f});
+  expect_error([&] { amp::MixedPrecision<amp::fp16_mixed> second(s.params, sgd); },
+               "destroy that WeightCopies (or the MixedPrecision holding it) before making fp16 copies");
+  EXPECT_EQ(amp::param_as<bf16>(wte).data(), bf16_copies.copy_of(wte).data()) << "the first copies stay attached";
+  for (const auto& p : s.params)
+    EXPECT_EQ(p.tensor.storage()->attached_copy()->dtype, dtype_traits<bf16>::dtype) << p.name;
+}
+
+TEST(AmpWeights, AFailedConstructorDetachesWhatItAttached) {
+  TinySetup s(1, 8);
+  ASSERT_GE(s.params.size(), 3u);
+  const std::vector<optim::Param> tail(s.params.begin() + 2, s.params.end());
+  {
+    amp::WeightCopies<bf16> on_tail(tail);
+    // fp16 copies of every parameter: the first two attach, the third is taken, so the two are detached.
+    EXPECT_THROW(amp::WeightCopies<fp16>{s.params}, Error);
+    EXPECT_EQ(s.params[0].tensor.storage()->attached_copy(), nullptr);
+    EXPECT_EQ(s.params[1].tensor.storage()->attached_copy(), nullptr);
+    EXPECT_EQ(s.params[2].tensor.storage()->attached_copy()->dtype, dtype_traits<bf16>::dtype) << "the other owner's copy stays";
+  }
+  // A parameter listed twice: the same message as before, and nothing left attached.
+  std::vector<optim::Param> twice = s.params;
+  twice.push_back(s.params[1]);
+  try {
+    amp::WeightCopies<bf16> bad(twice);
+    ADD_FAILURE() << "expected tg::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter '" + s.params[1].name + "' is listed twice"), std::string::npos)
+        << e.what();
+  }
+  for (const auto& p : s.params) EXPECT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
+  amp::WeightCopies<fp16> all(s.params);  // now every master is free
+  EXPECT_EQ(all.size(), s.params.size());
+}
+
+TEST(AmpWeights, TwoThreadsRacingToAttachGetOneOwner) {
+  // bf16 and fp16 copies of the same masters built at once on two threads: the slot is atomic and both
+  // walk the parameters in the same order, so exactly one succeeds and the other leaves nothing attached.
+  TinySetup s(1, 8);
+  for (int round = 0; round < 16; ++round) {
+    std::optional<amp::WeightCopies<bf16>> a;
+    std::optional<amp::WeightCopies<fp16>> b;
+    std::atomic<int> failures{0};
+    std::atomic<bool> go{false};
+    std::thread ta([&] {
+      while (!go.load()) {}
+      try { a.emplace(s.params); } catch (const Error&) { ++failures; }
+    });
+    std::thread tb([&] {
+      while (!go.load()) {}
+      try { b.emplace(s.params); } catch (const Error&) { ++failures; }
+    });
+    go = true;
+    ta.join();
+    tb.join();
+    ASSERT_EQ(failures.load(), 1) << "round " << round;
+    ASSERT_NE(a.has_value(), b.has_value()) << "round " << round;
+    const DType winner = a ? dtype_traits<bf16>::dtype : dtype_traits<fp16>::dtype;
+    for (const auto& p : s.params) ASSERT_EQ(p.tensor.storage()->attached_copy()->dtype, winner) << p.name;
+    a.reset();
+    b.reset();
+    for (const auto& p : s.params) ASSERT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
+  }
+}
+
+TEST(AmpWeights, CheckpointRecomputeReadsTheAttachedCopies) {
+  // The masters are changed after the copies were made, without a refresh (invisible to the step count),
+  // so the copies and a fresh conversion differ: a plain run and a checkpointed run (whose recompute in
+  // backward runs outside any forward-time state) give the masters the same gradients only if the
+  // recompute read the same copies as the forward (Note [regions see the copies]).
+  Generator g(9);
+  nn::Linear fc1(16, 32, g), fc2(32, 16, g);
+  std::vector<optim::Param> ps;
+  fc1.collect_parameters("fc1", ps);
+  fc2.collect_parameters("fc2", ps);
+  const Tensor<bf16> x = Tensor<fp32>::normal({4, 16}, 0.f, 1.f, g).to<bf16>();
+  const auto block = [&](const Tensor<bf16>& in) { return fc2.forward(gelu_tanh(fc1.forward(in))); };
+  const auto grads = [&](bool checkpointed) {
+    for (auto& p : ps) p.tensor.zero_grad();
+    const Tensor<bf16> y = checkpointed ? tg::checkpoint<RecomputeAll>(block, x) : block(x);
+    sum(y.to<fp32>()).backward();
+    std::vector<std::vector<float>> out;
+    for (auto& p : ps) out.push_back(p.tensor.grad().to_vector());
+    return out;
+  };
+  amp::WeightCopies<bf16> copies(ps);
+  for (auto& p : ps)
+    for (std::int64_t i = 0; i < p.tensor.numel(); ++i) p.tensor.data()[i] += 0.25f;  // the copies are now old
+  ASSERT_NE(copies.copy_of(fc1.weight()).to_vector()[0].bits, bf16(fc1.weight().data()[0]).bits);
+  const auto recomputes = autodiff::checkpoint_stats().recomputes;
+  const auto plain = grads(false);
+  const auto ckpt = grads(true);
+  EXPECT_EQ(autodiff::checkpoint_stats().recomputes - recomputes, 1);
+  for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(ckpt[i], plain[i]) << "gradient of " << ps[i].name;
+  copies.refresh();  // with fresh copies the gradients change: the copies really were the old weights
+  EXPECT_NE(grads(true)[0], plain[0]);
 }
 
 // ---- memory: activations in bf16 vs fp32 -----------------------------------------------------------------

@@ -1,19 +1,25 @@
 // A tiny GPT trained for 50 steps on the CPU and on CUDA from the same weights and batches: the losses must
 // agree step by step (fp32 and bf16). The CPU half (the loss falls) runs everywhere; the comparison skips
-// with the reason when there is no GPU. The model is tests/cuda/functional_gpt.hpp (nn::GPT's architecture
-// written with ops, device-generic).
+// with the reason when there is no GPU. The model is nn::BasicGPT<D> (the CUDA one copied from the CPU one,
+// so both start from the same weights) and the optimizers are optim's (BasicSgd<D>, BasicAdamW<D>).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
-#include "cuda/functional_gpt.hpp"
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/ops/cross_entropy.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/typegrad.hpp>
+
 #include "cuda/gpu_skip.hpp"
+#include "cuda/synthetic_batch.hpp"
 
 namespace {
 
-using tg::testing::FunctionalGpt;
-using tg::testing::FunctionalGptConfig;
+// V 64, T 16, 2 layers, 2 heads, C 32, no dropout.
+const tg::nn::GPTConfig kCfg{64, 16, 2, 2, 32, 0.f};
 
 constexpr int kSteps = 50;
 constexpr std::int64_t kBatch = 4, kSeq = 16;
@@ -27,18 +33,31 @@ constexpr double kLr = 0.05;
 
 enum class Opt { sgd, fused_adamw };
 
+/// Plain SGD (no momentum, no decay: p -= lr·g), or AdamW (lr 3e-3, betas 0.9 / 0.95, decay 0.1 on every
+/// parameter) through the multi-tensor kernels of each backend (adam_step_multi).
+template <tg::Device D>
+std::unique_ptr<tg::optim::BasicOptimizer<D>> make_opt(Opt opt, const std::vector<tg::optim::BasicParam<D>>& ps, double sgd_lr) {
+  if (opt == Opt::sgd) return std::make_unique<tg::optim::BasicSgd<D>>(ps, tg::optim::SgdOptions{.lr = static_cast<float>(sgd_lr)});
+  return std::make_unique<tg::optim::BasicAdamW<D>>(
+      ps, tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+}
+
 template <class T, class D>
 std::vector<double> train_losses(Opt opt = Opt::sgd, double sgd_lr = kLr) {
-  const FunctionalGptConfig cfg;  // V 64, 2 layers, 2 heads, C 32
-  FunctionalGpt<D> model(cfg, /*seed=*/1234);
+  tg::Generator init(/*seed=*/1234);
+  const tg::nn::GPT host(kCfg, init);
+  const tg::nn::BasicGPT<D> model(host);  // the same initial weights on every device
+  const auto params = model.named_parameters();
+  const auto optimizer = make_opt<D>(opt, params, sgd_lr);
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
-    const auto [x, y] = tg::testing::synthetic_batch(kBatch, kSeq, cfg.vocab, /*seed=*/99, static_cast<std::uint64_t>(step));
-    const tg::Tensor<T, D> loss = model.template loss<T>(x, y);
+    const auto [x, y] =
+        tg::testing::synthetic_batch(kBatch, kSeq, kCfg.vocab_size, /*seed=*/99, static_cast<std::uint64_t>(step));
+    const tg::Tensor<T, D> loss = tg::cross_entropy(model.template forward<T>(x), y);
     losses.push_back(static_cast<double>(tg::scalar_cast<float>(loss.item())));
     loss.backward();
-    if (opt == Opt::sgd) model.sgd_step(sgd_lr);
-    else model.fused_adamw_step(3e-3);
+    optimizer->step();
+    optimizer->zero_grad();
   }
   return losses;
 }
@@ -88,7 +107,7 @@ void compare_devices(double atol, double rtol, Opt opt = Opt::sgd) {
 // leaves room for both.
 TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInFp32) { compare_devices<float>(1e-4, 1e-3); }
 TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInBf16) { compare_devices<tg::bf16>(1e-3, 3e-2); }
-// The fused AdamW kernels of both backends (cpu::adam_step, cuda::adam_step_multi). AdamW's m/√v turns
+// AdamW through the multi-tensor kernels of both backends (adam_step_multi). AdamW's m/√v turns
 // round-off in near-zero gradients into full-size steps, so the bound is looser than SGD's.
 TEST(TinyGptCuda, FiftyFusedAdamWStepsMatchTheCpuInFp32) { compare_devices<float>(1e-3, 1e-2, Opt::fused_adamw); }
 

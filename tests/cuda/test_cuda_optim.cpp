@@ -1,5 +1,5 @@
-// The CUDA optimizer kernels (multi-tensor AdamW, SGD and LAMB; per-tensor SGD, LAMB, Adafactor), the device
-// optimizers on CUDA (DeviceSgd, DeviceLamb, DeviceAdafactor against optim::Sgd / Lamb / Adafactor) and the
+// The CUDA optimizer kernels (multi-tensor AdamW, SGD and LAMB; per-tensor SGD, LAMB, Adafactor), the
+// optimizers on CUDA (BasicSgd, BasicLamb, BasicAdafactor<cuda> against the same classes on the CPU) and the
 // loss scaler's unscale + inf/NaN check. The shared element formulas (math::adam_update, sgd_update,
 // lamb_moments / lamb_direction) and the multi-tensor chunking (detail/cuda/multi_tensor.hpp) are checked
 // here on every machine; the device kernels are compared with the CPU on a GPU and skip with the reason
@@ -219,7 +219,7 @@ TEST_F(CudaOptim, MultiTensorAdamWMatchesTheCpuPerTensor) {
   for (const bool decoupled : {true, false}) {
     std::vector<State> host;
     std::vector<tg::Tensor<float, tg::cuda>> p, g, m, v;
-    std::vector<tg::backend::cuda::AdamTensor> list;
+    std::vector<tg::backend::AdamTensor<float>> list;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       host.push_back(make_state(sizes[k], 100 + 10 * k));
       p.push_back(on_gpu(host[k].p));
@@ -229,8 +229,7 @@ TEST_F(CudaOptim, MultiTensorAdamWMatchesTheCpuPerTensor) {
       list.push_back({p[k].data(), g[k].data(), m[k].data(), v[k].data(), sizes[k]});
     }
     const auto s = scalars(decoupled, 3);
-    tg::backend::cuda::adam_step_multi(list.data(), static_cast<int>(list.size()), s.lr, s.beta1, s.beta2, s.eps,
-                                       s.weight_decay, s.decoupled, s.step);
+    tg::backend::cuda::adam_step_multi(list.data(), static_cast<int>(list.size()), s);
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       State& h = host[k];
       tg::backend::cpu::adam_step<float>(h.p.data(), h.g.data(), h.m.data(), h.v.data(), sizes[k], s);
@@ -332,7 +331,7 @@ TEST_F(CudaOptim, MultiTensorSgdMatchesTheCpuPerTensor) {
         SCOPED_TRACE("momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : "") + (first ? " first" : ""));
         std::vector<State> host;
         std::vector<tg::Tensor<float, tg::cuda>> p, g, buf;
-        std::vector<tg::backend::cuda::SgdTensor> list;
+        std::vector<tg::backend::SgdTensor<float>> list;
         for (std::size_t k = 0; k < kMultiSizes.size(); ++k) {
           host.push_back(make_state(kMultiSizes[k], 200 + 10 * k));
           p.push_back(on_gpu(host[k].p));
@@ -356,7 +355,7 @@ TEST_F(CudaOptim, MultiTensorLambMatchesTheCpuPerTensorWithEachTrustRatio) {
   sizes.push_back(17);      // all-zero weights: the ratio falls back to 1
   std::vector<State> host;
   std::vector<tg::Tensor<float, tg::cuda>> p, g, m, v;
-  std::vector<tg::backend::cuda::LambTensor> list;
+  std::vector<tg::backend::LambTensor<float>> list;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     host.push_back(make_state(sizes[k], 300 + 10 * k));
     if (k + 1 == sizes.size()) host[k].p.assign(host[k].p.size(), 0.f);
@@ -415,7 +414,7 @@ void compare_device_optimizer(const Options& o, float weight_decay) {
   auto cpu_params = host_params(5);
   auto gpu_params = to_gpu(cpu_params);
   Host cpu_opt(tg::optim::default_groups(cpu_params, weight_decay), o);
-  Dev gpu_opt(gpu_params, o);
+  Dev gpu_opt(tg::optim::default_groups(gpu_params, weight_decay), o);
   for (int step = 0; step < 4; ++step) {
     for (std::size_t i = 0; i < cpu_params.size(); ++i) {
       if (step == 1 && i == 3) continue;
@@ -444,36 +443,36 @@ void compare_device_optimizer(const Options& o, float weight_decay) {
     ASSERT_TRUE(want.count(e.name)) << e.name;
     EXPECT_LT(max_rel(e.tensor.to_vector(), want[e.name]), 1e-4) << e.name;
   }
-  // GPU state -> host optimizer -> fresh GPU optimizer: the same state, exactly.
+  // GPU state -> CPU optimizer -> fresh GPU optimizer (a checkpoint across devices): the same state, exactly.
   auto other = host_params(9);
   Host host(tg::optim::default_groups(other, weight_decay), o);
   host.load_state(gpu_opt.state_tensors());
-  Dev resumed(to_gpu(other), o);
+  Dev resumed(tg::optim::default_groups(to_gpu(other), weight_decay), o);
   resumed.load_state(host.state_tensors());
   const auto again = resumed.state_tensors();
   ASSERT_EQ(again.size(), got.size());
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(again[i].tensor.to_vector(), got[i].tensor.to_vector()) << got[i].name;
 }
 
-TEST_F(CudaOptim, DeviceSgdMatchesSgd) {
-  compare_device_optimizer<tg::optim::Sgd, tg::optim::DeviceSgd<tg::cuda>>(
+TEST_F(CudaOptim, SgdOnCudaMatchesSgdOnTheCpu) {
+  compare_device_optimizer<tg::optim::Sgd, tg::optim::BasicSgd<tg::cuda>>(
       tg::optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.01f}, 0.01f);
-  compare_device_optimizer<tg::optim::Sgd, tg::optim::DeviceSgd<tg::cuda>>(
+  compare_device_optimizer<tg::optim::Sgd, tg::optim::BasicSgd<tg::cuda>>(
       tg::optim::SgdOptions{.lr = 0.05f, .weight_decay = 0.01f}, 0.01f);  // no momentum: no state slots
 }
-TEST_F(CudaOptim, DeviceLambMatchesLamb) {
-  compare_device_optimizer<tg::optim::Lamb, tg::optim::DeviceLamb<tg::cuda>>(
+TEST_F(CudaOptim, LambOnCudaMatchesLambOnTheCpu) {
+  compare_device_optimizer<tg::optim::Lamb, tg::optim::BasicLamb<tg::cuda>>(
       tg::optim::LambOptions{.lr = 2e-2f, .weight_decay = 0.1f}, 0.1f);
 }
-TEST_F(CudaOptim, DeviceAdafactorMatchesAdafactor) {
+TEST_F(CudaOptim, AdafactorOnCudaMatchesAdafactorOnTheCpu) {
   tg::optim::AdafactorOptions o;
   o.lr = 3e-2f;
   o.relative_step = false;
   o.beta1 = 0.9f;
   o.weight_decay = 0.05f;
-  compare_device_optimizer<tg::optim::Adafactor, tg::optim::DeviceAdafactor<tg::cuda>>(o, 0.05f);
+  compare_device_optimizer<tg::optim::Adafactor, tg::optim::BasicAdafactor<tg::cuda>>(o, 0.05f);
   // the defaults: relative steps with parameter scaling, no first moment (no m slot), no decay
-  compare_device_optimizer<tg::optim::Adafactor, tg::optim::DeviceAdafactor<tg::cuda>>(tg::optim::AdafactorOptions{}, 0.f);
+  compare_device_optimizer<tg::optim::Adafactor, tg::optim::BasicAdafactor<tg::cuda>>(tg::optim::AdafactorOptions{}, 0.f);
 }
 
 }  // namespace

@@ -1,17 +1,20 @@
 // nn::GPT on CUDA (nn::BasicGPT<cuda>, copied from a CPU model) against the CPU model: logits, loss and
 // every parameter's gradient in fp32 and bf16, activation checkpointing on the GPU, and the GPU trainer's
-// step (DeviceAdam / DeviceSgd / DeviceLamb / DeviceAdafactor on cuda, device clipping, GradAccumRuntime)
-// against the CPU trainer's (AdamW / Sgd / Lamb / Adafactor, clip_grad_norm), including a state round trip
-// through the host optimizer (how train_gpt checkpoints).
-// Every test skips with the reason when there is no GPU; the CPU halves are tests/optim/test_device_adam.cpp.
+// step (BasicAdamW / BasicSgd / BasicLamb / BasicAdafactor<cuda>, clipping on the GPU, GradAccumRuntime)
+// against the CPU trainer's (AdamW / Sgd / Lamb / Adafactor: the same classes on the CPU), including a state
+// round trip GPU -> CPU optimizer -> GPU (a checkpoint resumed across devices).
+// Every test skips with the reason when there is no GPU; the CPU halves are tests/optim/test_adam_multi_tensor.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include <typegrad/amp/scaler.hpp>
+#include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -92,43 +95,43 @@ TEST(GptCuda, CheckpointedBlocksGiveTheSameGradients) {
   tg::Generator gen(3);
   const tg::nn::GPT cpu_model(kTiny, gen);
   tg::nn::BasicGPT<tg::cuda> plain(cpu_model), ckpt(cpu_model);
-  ckpt.set_checkpoint(tg::CheckpointMode::blocks);
   const auto [x, y] = batch(9);
   tg::cross_entropy(plain.forward<tg::fp32>(x), y).backward();
-  tg::cross_entropy(ckpt.forward<tg::fp32>(x), y).backward();
+  tg::Generator unused(0);
+  tg::cross_entropy(ckpt.forward<tg::fp32, tg::RecomputeAll>(x, unused, true), y).backward();  // the blocks checkpointed
   const auto a = plain.named_parameters(), b = ckpt.named_parameters();
   for (std::size_t i = 0; i < a.size(); ++i)
     EXPECT_LT(rel_err(values(b[i].tensor.grad()), values(a[i].tensor.grad())), 1e-5) << a[i].name;
 }
 
-// An optimizer as train_gpt builds it on each device: the host optimizer over default_groups and its
-// device twin (Note [device optimizers]).
+// An optimizer as train_gpt builds it on each device: one class over default_groups (Note [device optimizers]).
 struct OptimizerKind {
   std::function<std::unique_ptr<tg::optim::Optimizer>(const std::vector<tg::optim::Param>&)> host;
-  std::function<std::unique_ptr<tg::optim::DeviceOptimizer<tg::cuda>>(std::vector<tg::optim::BasicParam<tg::cuda>>)> device;
+  std::function<std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>>(const std::vector<tg::optim::BasicParam<tg::cuda>>&)> device;
 };
+template <template <tg::Device> class Opt, class Options>
+OptimizerKind kind_of(Options o) {
+  return {[o](const std::vector<tg::optim::Param>& ps) -> std::unique_ptr<tg::optim::Optimizer> {
+            return std::make_unique<Opt<tg::cpu>>(tg::optim::default_groups(ps, o.weight_decay), o);
+          },
+          [o](const std::vector<tg::optim::BasicParam<tg::cuda>>& ps) -> std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>> {
+            return std::make_unique<Opt<tg::cuda>>(tg::optim::default_groups(ps, o.weight_decay), o);
+          }};
+}
 OptimizerKind adamw_kind() {
-  const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  return {[o](const auto& ps) { return std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(ps, o.weight_decay), o); },
-          [o](auto ps) { return std::make_unique<tg::optim::DeviceAdam<tg::cuda>>(std::move(ps), o); }};
+  return kind_of<tg::optim::BasicAdamW>(
+      tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
 }
 OptimizerKind sgd_kind() {
-  const tg::optim::SgdOptions o{.lr = 3e-2f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.1f};
-  return {[o](const auto& ps) { return std::make_unique<tg::optim::Sgd>(tg::optim::default_groups(ps, o.weight_decay), o); },
-          [o](auto ps) { return std::make_unique<tg::optim::DeviceSgd<tg::cuda>>(std::move(ps), o); }};
+  return kind_of<tg::optim::BasicSgd>(tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.1f});
 }
-OptimizerKind lamb_kind() {
-  const tg::optim::LambOptions o{.lr = 3e-3f, .weight_decay = 0.1f};
-  return {[o](const auto& ps) { return std::make_unique<tg::optim::Lamb>(tg::optim::default_groups(ps, o.weight_decay), o); },
-          [o](auto ps) { return std::make_unique<tg::optim::DeviceLamb<tg::cuda>>(std::move(ps), o); }};
-}
+OptimizerKind lamb_kind() { return kind_of<tg::optim::BasicLamb>(tg::optim::LambOptions{.lr = 3e-3f, .weight_decay = 0.1f}); }
 OptimizerKind adafactor_kind() {
   tg::optim::AdafactorOptions o;
   o.lr = 3e-3f;
   o.relative_step = false;
   o.weight_decay = 0.1f;
-  return {[o](const auto& ps) { return std::make_unique<tg::optim::Adafactor>(tg::optim::default_groups(ps, o.weight_decay), o); },
-          [o](auto ps) { return std::make_unique<tg::optim::DeviceAdafactor<tg::cuda>>(std::move(ps), o); }};
+  return kind_of<tg::optim::BasicAdafactor>(o);
 }
 
 // The trainer's step on both devices: 2 micro-batches per step, clipping at 0.5, warmup then cosine.
@@ -143,7 +146,7 @@ void compare_training(double atol, double rtol, const OptimizerKind& kind = adam
   const auto cpu_opt_ptr = kind.host(cpu_params);
   const auto gpu_opt_ptr = kind.device(gpu_params);
   tg::optim::Optimizer& cpu_opt = *cpu_opt_ptr;
-  tg::optim::DeviceOptimizer<tg::cuda>& gpu_opt = *gpu_opt_ptr;
+  tg::optim::BasicOptimizer<tg::cuda>& gpu_opt = *gpu_opt_ptr;
   auto schedule = [] { return tg::optim::Schedule(tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 8, 3e-4f})); };
   tg::optim::Schedule cpu_sched = schedule(), gpu_sched = schedule();
   tg::optim::GradAccumRuntime cpu_acc(2), gpu_acc(2);
@@ -164,7 +167,7 @@ void compare_training(double atol, double rtol, const OptimizerKind& kind = adam
   EXPECT_EQ(gpu_opt.step_count(), cpu_opt.step_count());
   EXPECT_EQ(gpu_sched.step(), cpu_sched.step());
 
-  // Checkpoint path: GPU weights and state into a host model and optimizer, then back onto a fresh GPU model.
+  // Across devices: GPU weights and state into a CPU model and optimizer, then back onto a fresh GPU model.
   tg::Generator other(99);
   const tg::nn::GPT host(kTiny, other);
   const auto host_params = host.named_parameters();
@@ -199,6 +202,57 @@ TEST(TrainerCuda, AccumulatedClippedSgdStepsMatchTheCpuInFp32) { compare_trainin
 TEST(TrainerCuda, AccumulatedClippedLambStepsMatchTheCpuInFp32) { compare_training<tg::fp32>(1e-3, 1e-2, lamb_kind()); }
 TEST(TrainerCuda, AccumulatedClippedAdafactorStepsMatchTheCpuInFp32) {
   compare_training<tg::fp32>(1e-3, 1e-2, adafactor_kind());
+}
+
+// A checkpoint written straight from the GPU model and optimizer (io::save_train_state over BasicParam<cuda>
+// and BasicOptimizer<cuda>) resumes on the CPU, and one written there resumes on the GPU: the same weights
+// and optimizer state, exactly, for every optimizer (Note [training on a GPU]).
+TEST(TrainerCuda, CheckpointsMoveBetweenDevicesForEveryOptimizer) {
+  TG_SKIP_WITHOUT_GPU();
+  const std::string dir = (std::filesystem::temp_directory_path() / "tg_cuda_ckpt_across_devices").string();
+  std::filesystem::create_directories(dir);
+  for (const OptimizerKind& kind : {adamw_kind(), sgd_kind(), lamb_kind(), adafactor_kind()}) {
+    tg::Generator gen(21);
+    const tg::nn::GPT cpu_model(kTiny, gen);
+    const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
+    const auto gpu_params = gpu_model.named_parameters();
+    const auto gpu_opt = kind.device(gpu_params);
+    for (int step = 0; step < 2; ++step) {
+      const auto [x, y] = batch(500 + static_cast<std::uint64_t>(step));
+      tg::cross_entropy(gpu_model.forward<tg::fp32>(x), y).backward();
+      gpu_opt->step();
+      gpu_opt->zero_grad();
+    }
+    tg::io::TrainStateRecord rec;
+    rec.step = 2;
+    const std::string gpu_file = dir + "/gpu.safetensors", cpu_file = dir + "/cpu.safetensors";
+    tg::io::save_train_state(gpu_file, gpu_params, *gpu_opt, rec);
+
+    tg::Generator other(77);
+    const tg::nn::GPT host(kTiny, other);  // other weights: everything must come from the file
+    const auto host_params = host.named_parameters();
+    const auto host_opt = kind.host(host_params);
+    EXPECT_EQ(tg::io::load_train_state(gpu_file, host_params, *host_opt).step, 2);
+    for (std::size_t i = 0; i < gpu_params.size(); ++i)
+      EXPECT_EQ(host_values(host_params[i].tensor), values(gpu_params[i].tensor)) << host_opt->name() << " " << gpu_params[i].name;
+    const auto want = gpu_opt->state_tensors(), got = host_opt->state_tensors();
+    ASSERT_EQ(got.size(), want.size()) << host_opt->name();
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tensor.to_vector(), want[i].tensor.to_vector()) << want[i].name;
+
+    tg::io::save_train_state(cpu_file, host_params, *host_opt, rec);
+    tg::Generator third(78);
+    const tg::nn::BasicGPT<tg::cuda> resumed(tg::nn::GPT(kTiny, third));
+    const auto r_params = resumed.named_parameters();
+    const auto r_opt = kind.device(r_params);
+    tg::io::load_train_state(cpu_file, r_params, *r_opt);
+    for (std::size_t i = 0; i < gpu_params.size(); ++i)
+      EXPECT_EQ(values(r_params[i].tensor), values(gpu_params[i].tensor)) << r_opt->name() << " " << gpu_params[i].name;
+    const auto again = r_opt->state_tensors();
+    ASSERT_EQ(again.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(again[i].tensor.to_vector(), want[i].tensor.to_vector()) << want[i].name;
+    EXPECT_EQ(r_opt->step_count(), 2);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

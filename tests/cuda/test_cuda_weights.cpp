@@ -1,8 +1,9 @@
 // Per-step 16-bit weight copies on CUDA (amp::WeightCopies<T, cuda>, Note [master weights and per-step
 // copies]): the copies equal the CPU's conversion bit for bit after construction and after refresh()
 // (which writes in place), a bf16 forward + backward through the copies gives the fp32 masters the
-// gradients of one without copies, a DeviceAdam step makes the copies stale until after_step(), and a
-// checkpoint region's recompute reads the forward's copies (Note [regions see the copies]).
+// gradients of one without copies, an AdamW step makes the copies stale until after_step(), each copy
+// is attached to its GPU master (one owner at a time) and detached at destruction, and a checkpoint
+// region's recompute reads the forward's copies (Note [regions see the copies]).
 // Every test skips with the reason when there is no GPU; the CPU halves are in tests/amp/test_amp.cpp.
 #include <gtest/gtest.h>
 
@@ -70,17 +71,19 @@ void expect_copies_match_the_cpu() {
   const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
   const auto cpu_params = cpu_model.named_parameters();
   const auto gpu_params = gpu_model.named_parameters();
-  const tg::amp::WeightCopies<T, tg::cpu> cpu_copies(cpu_params);
   tg::amp::WeightCopies<T, tg::cuda> gpu_copies(gpu_params);
   ASSERT_EQ(gpu_copies.size(), gpu_params.size());
-  EXPECT_EQ(gpu_copies.nbytes(), cpu_copies.nbytes());
   const char* name = tg::dtype_traits<T>::name.data();
-  for (std::size_t i = 0; i < gpu_params.size(); ++i) {
-    const tg::Tensor<T, tg::cuda> copy = gpu_copies.copy_of(gpu_params[i].tensor);
-    ASSERT_TRUE(copy.defined()) << gpu_params[i].name;
-    EXPECT_EQ(bits_of(copy), bits_of(cpu_copies.copy_of(cpu_params[i].tensor)))
-        << name << " copy of " << gpu_params[i].name << " at construction";
-  }
+  {
+    const tg::amp::WeightCopies<T, tg::cpu> cpu_copies(cpu_params);  // other masters: attaches alongside
+    EXPECT_EQ(gpu_copies.nbytes(), cpu_copies.nbytes());
+    for (std::size_t i = 0; i < gpu_params.size(); ++i) {
+      const tg::Tensor<T, tg::cuda> copy = gpu_copies.copy_of(gpu_params[i].tensor);
+      ASSERT_TRUE(copy.defined()) << gpu_params[i].name;
+      EXPECT_EQ(bits_of(copy), bits_of(cpu_copies.copy_of(cpu_params[i].tensor)))
+          << name << " copy of " << gpu_params[i].name << " at construction";
+    }
+  }  // detached: cpu_fresh below attaches new copies to the same CPU masters
 
   // New masters on both devices (rounding probes at the front of the first parameter), then refresh():
   // same bits again, written into the same storage without allocating.
@@ -128,24 +131,43 @@ void expect_copies_match_the_cpu() {
 TEST(WeightCopiesCuda, Bf16CopiesEqualTheCpusBitForBit) { expect_copies_match_the_cpu<tg::bf16>(); }
 TEST(WeightCopiesCuda, Fp16CopiesEqualTheCpusBitForBit) { expect_copies_match_the_cpu<tg::fp16>(); }
 
-TEST(WeightCopiesCuda, ParamAsReadsTheActiveCopiesOnTheDevice) {
+TEST(WeightCopiesCuda, ParamAsReadsTheCopyAttachedToTheDeviceMaster) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator gen(13);
   const tg::nn::GPT cpu_model(kTiny, gen);
   const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
+  const auto cpu_params = cpu_model.named_parameters();
   const auto gpu_params = gpu_model.named_parameters();
   const tg::Tensor<float, tg::cuda>& w = gpu_params[0].tensor;
-  tg::amp::WeightCopies<tg::bf16, tg::cuda> copies(gpu_params);
+  auto& alloc = tg::allocator<tg::cuda>();
   {
-    tg::amp::UseCopies use(copies);  // deduces <bf16, cuda>
-    EXPECT_EQ((tg::amp::detail::active_copies<tg::bf16, tg::cuda>), &copies);
-    EXPECT_EQ((tg::amp::detail::active_copies<tg::bf16, tg::cpu>), nullptr) << "the CPU slot is separate";
+    tg::amp::WeightCopies<tg::bf16, tg::cuda> copies(gpu_params);
+    for (const auto& p : gpu_params) {
+      const tg::AttachedCopy* slot = p.tensor.storage()->attached_copy();
+      ASSERT_NE(slot, nullptr) << p.name << ": the GPU master holds its copy";
+      EXPECT_EQ(slot->dtype, tg::dtype_traits<tg::bf16>::dtype);
+      EXPECT_EQ(slot->device, tg::DeviceKind::cuda);
+    }
+    EXPECT_EQ(cpu_params[0].tensor.storage()->attached_copy(), nullptr) << "the CPU masters are other tensors";
+    const std::int64_t before = alloc.stats().bytes_in_use;
     const tg::Tensor<tg::bf16, tg::cuda> seen = tg::amp::param_as<tg::bf16>(w);
-    EXPECT_EQ(seen.data(), copies.copy_of(w).data()) << "the forward reads the cached copy, no conversion";
+    EXPECT_EQ(alloc.stats().bytes_in_use, before) << "param_as converted instead of reading the copy";
+    EXPECT_EQ(seen.data(), copies.copy_of(w).data()) << "the forward reads the attached copy, no conversion";
     EXPECT_TRUE(seen.requires_grad());
+    // One owner per master, on the GPU too.
+    try {
+      tg::amp::WeightCopies<tg::fp16, tg::cuda> second(gpu_params);
+      ADD_FAILURE() << "expected tg::Error: the masters already hold bf16 copies";
+    } catch (const tg::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("already holds bf16 compute copies on cuda"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(tg::amp::param_as<tg::bf16>(w).data(), copies.copy_of(w).data()) << "the first copies stay attached";
   }
-  EXPECT_EQ((tg::amp::detail::active_copies<tg::bf16, tg::cuda>), nullptr);
-  EXPECT_NE(tg::amp::param_as<tg::bf16>(w).data(), copies.copy_of(w).data()) << "without an active copy, param_as converts";
+  for (const auto& p : gpu_params) EXPECT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name << " detached";
+  const std::int64_t before = alloc.stats().bytes_in_use;
+  const tg::Tensor<tg::bf16, tg::cuda> converted = tg::amp::param_as<tg::bf16>(w);
+  EXPECT_GT(alloc.stats().bytes_in_use, before) << "without copies, param_as converts";
+  EXPECT_EQ(bits_of(converted), bits_of(cpu_params[0].tensor.detach().to<tg::bf16>()));
 }
 
 /// A bf16 forward + backward of BasicGPT<cuda> through MixedPrecision's copies against the same model's
@@ -157,13 +179,14 @@ TEST(WeightCopiesCuda, Bf16ForwardBackwardThroughCopiesEqualsWithoutCopies) {
   const tg::nn::GPT cpu_model(kTiny, gen);
   const tg::nn::BasicGPT<tg::cuda> model(cpu_model);
   const auto params = model.named_parameters();
-  tg::optim::DeviceAdam<tg::cuda> opt(params, {.lr = 1e-3f});
-  tg::amp::MixedPrecision<tg::amp::bf16_mixed, tg::amp::NoScaler, tg::cuda> amp(params, opt);
-  static_assert(std::is_same_v<decltype(amp.forward(model, std::declval<tg::Tensor<std::int64_t>>(), gen)),
+  tg::optim::BasicAdamW<tg::cuda> opt(tg::optim::default_groups(params, 1e-2f), {.lr = 1e-3f});
+  using Amp = tg::amp::MixedPrecision<tg::amp::bf16_mixed, tg::amp::NoScaler, tg::cuda>;
+  std::optional<Amp> amp(std::in_place, params, opt);
+  static_assert(std::is_same_v<decltype(amp->forward(model, std::declval<tg::Tensor<std::int64_t>>(), gen)),
                                tg::Tensor<tg::bf16, tg::cuda>>);
   const auto [x, y] = batch(15);
   tg::Generator g1(1), g2(1);
-  const auto with_copies = amp.loss(amp.forward(model, x, g1), y);
+  const auto with_copies = amp->loss(amp->forward(model, x, g1), y);
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(with_copies)>, tg::Tensor<float, tg::cuda>>);
   with_copies.backward();
   std::vector<std::vector<float>> grads;
@@ -172,6 +195,8 @@ TEST(WeightCopiesCuda, Bf16ForwardBackwardThroughCopiesEqualsWithoutCopies) {
     grads.push_back(floats_of(p.tensor.grad()));
   }
   opt.zero_grad();
+  amp.reset();  // the copies detach: the forward below converts each use with to<bf16>()
+  for (const auto& p : params) ASSERT_EQ(p.tensor.storage()->attached_copy(), nullptr) << p.name;
   const auto without = tg::cross_entropy_as<tg::fp32>(model.forward<tg::bf16>(x, g2, true), y);
   without.backward();
   EXPECT_EQ(with_copies.item(), without.item());
@@ -179,15 +204,15 @@ TEST(WeightCopiesCuda, Bf16ForwardBackwardThroughCopiesEqualsWithoutCopies) {
     EXPECT_EQ(floats_of(params[i].tensor.grad()), grads[i]) << "gradient of " << params[i].name;
 }
 
-/// The trainer's step on the GPU with DeviceAdam: the step makes the copies stale (a forward then is an
+/// The trainer's step on the GPU with BasicAdamW<cuda>: the step makes the copies stale (a forward then is an
 /// error naming the steps), after_step() refreshes them to the updated masters.
-TEST(WeightCopiesCuda, DeviceAdamStepMakesTheCopiesStaleUntilAfterStep) {
+TEST(WeightCopiesCuda, AdamWStepMakesTheCopiesStaleUntilAfterStep) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator gen(16);
   const tg::nn::GPT cpu_model(kTiny, gen);
   const tg::nn::BasicGPT<tg::cuda> model(cpu_model);
   const auto params = model.named_parameters();
-  tg::optim::DeviceAdam<tg::cuda> opt(params, {.lr = 1e-2f});
+  tg::optim::BasicAdamW<tg::cuda> opt(tg::optim::default_groups(params, 1e-2f), {.lr = 1e-2f});
   tg::optim::Schedule schedule = tg::optim::Constant{1e-2f};
   tg::optim::GradAccumRuntime accum(2);
   tg::amp::MixedPrecision<tg::amp::bf16_mixed, tg::amp::NoScaler, tg::cuda> amp(params, opt);
@@ -205,7 +230,7 @@ TEST(WeightCopiesCuda, DeviceAdamStepMakesTheCopiesStaleUntilAfterStep) {
   const auto [x, y] = batch(30);
   try {
     (void)amp.forward(model, x, gen);
-    FAIL() << "expected tg::Error: a forward after a DeviceAdam step without after_step()";
+    FAIL() << "expected tg::Error: a forward after an AdamW step without after_step()";
   } catch (const tg::Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("bf16 weight copies are stale on cuda"), std::string::npos) << what;
@@ -221,8 +246,8 @@ TEST(WeightCopiesCuda, DeviceAdamStepMakesTheCopiesStaleUntilAfterStep) {
   EXPECT_NO_THROW((void)amp.forward(model, x, gen));
 }
 
-/// A checkpoint region recorded on the GPU inside UseCopies recomputes (in backward, outside the scope)
-/// from the same copies, not from fresh conversions of the masters (Note [regions see the copies]).
+/// A checkpoint region recorded on the GPU recomputes (in backward) from the copies attached to the
+/// masters, not from fresh conversions of them (Note [regions see the copies]).
 TEST(WeightCopiesCuda, CheckpointRecomputeReadsTheForwardsCopies) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator g(5);
@@ -230,26 +255,25 @@ TEST(WeightCopiesCuda, CheckpointRecomputeReadsTheForwardsCopies) {
   const std::vector<tg::optim::BasicParam<tg::cuda>> ps{tg::optim::BasicParam<tg::cuda>("w", w)};
   tg::amp::WeightCopies<tg::bf16, tg::cuda> copies(ps);
   std::vector<const void*> seen;
+  std::vector<std::int64_t> allocated;  // device tensor bytes param_as allocated: 0 when it reads the copy
   const auto fn = [&](const tg::Tensor<tg::bf16, tg::cuda>& x) {
+    const std::int64_t before = tg::allocator<tg::cuda>().stats().bytes_in_use;
     const tg::Tensor<tg::bf16, tg::cuda> wb = tg::amp::param_as<tg::bf16>(w);
+    allocated.push_back(tg::allocator<tg::cuda>().stats().bytes_in_use - before);
     seen.push_back(wb.data());
     return tg::matmul(x, wb);
   };
   const tg::Tensor<tg::bf16, tg::cuda> x = tg::Tensor<tg::bf16, tg::cuda>::full({4, 8}, 0.5);
-  tg::Tensor<tg::bf16, tg::cuda> y;
-  {
-    tg::amp::UseCopies<tg::bf16, tg::cuda> use(copies);
-    y = tg::checkpoint<tg::RecomputeAll>(fn, x);
-  }
-  EXPECT_EQ((tg::amp::detail::active_copies<tg::bf16, tg::cuda>), nullptr);
+  const tg::Tensor<tg::bf16, tg::cuda> y = tg::checkpoint<tg::RecomputeAll>(fn, x);
   tg::sum(y.to<tg::fp32>()).backward();
   ASSERT_EQ(seen.size(), 2u) << "one forward and one recompute";
   EXPECT_EQ(seen[0], copies.copy_of(w).data());
   EXPECT_EQ(seen[1], copies.copy_of(w).data()) << "the recompute converted the master again";
+  EXPECT_EQ(allocated, (std::vector<std::int64_t>{0, 0})) << "a conversion allocated its output";
   ASSERT_TRUE(w.grad().defined()) << "the gradient reaches the fp32 master through the copy";
   // d/dw Σ(x·w) = xᵀ·1: every entry is Σ_rows 0.5 = 2 (exact in bf16 and fp32).
   for (float v : floats_of(w.grad())) EXPECT_EQ(v, 2.f);
-  EXPECT_EQ((tg::amp::detail::active_copies<tg::bf16, tg::cuda>), nullptr) << "the recompute restored the active copies";
+  EXPECT_NE(w.storage()->attached_copy(), nullptr) << "the copy stays attached to the master";
 }
 
 /// The GPT's checkpointed blocks under MixedPrecision on the GPU: the recompute reads the copies and the
@@ -259,15 +283,14 @@ TEST(WeightCopiesCuda, CheckpointedGptUnderCopiesMatchesThePlainRun) {
   tg::Generator gen(17);
   const tg::nn::GPT cpu_model(kTiny, gen);
   tg::nn::BasicGPT<tg::cuda> plain(cpu_model), ckpt(cpu_model);
-  ckpt.set_checkpoint(tg::CheckpointMode::blocks);
   const auto pa = plain.named_parameters(), pb = ckpt.named_parameters();
-  tg::optim::DeviceSgd<tg::cuda> oa(pa, {.lr = 0.f}), ob(pb, {.lr = 0.f});
+  tg::optim::BasicSgd<tg::cuda> oa(pa, {.lr = 0.f}), ob(pb, {.lr = 0.f});
   tg::amp::MixedPrecision<tg::amp::bf16_mixed, tg::amp::NoScaler, tg::cuda> ampa(pa, oa), ampb(pb, ob);
   const auto [x, y] = batch(18);
   tg::Generator g1(1), g2(1);
   const auto recomputes = tg::autodiff::checkpoint_stats().recomputes;
   ampa.loss(ampa.forward(plain, x, g1), y).backward();
-  ampb.loss(ampb.forward(ckpt, x, g2), y).backward();
+  ampb.loss(ckpt.forward<tg::bf16, tg::RecomputeAll>(x, g2, true), y).backward();  // the blocks checkpointed
   EXPECT_EQ(tg::autodiff::checkpoint_stats().recomputes - recomputes, kTiny.n_layer) << "one recompute per block";
   for (std::size_t i = 0; i < pa.size(); ++i) {
     ASSERT_TRUE(pb[i].tensor.grad().defined()) << pb[i].name;

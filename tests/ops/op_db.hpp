@@ -81,6 +81,19 @@ struct OpEntry {
   std::vector<ErrorCase> errors;
   bool differentiable = true;
   double gradcheck_eps = 1e-6;
+  std::string golden_file;  // set by golden(): the PyTorch golden test_parity runs this entry on
+
+  // Note [goldens from the op database]
+  // golden() says tests/reference/goldens/<file>.tgg (default: the entry's name) holds PyTorch cases for
+  // this op, written by make_goldens.py with the entry's conventions: the case's float inputs x<k> are the
+  // entry's inputs (laid out as the case's `layout` asks), idx<k> its index inputs, and `args` its
+  // Sample::args. test_parity then registers Parity.<file>, which calls the entry's fp32 function on each
+  // case and compares the output and gradients with PyTorch's; Parity.every_golden_file_has_a_test counts
+  // it. So an op's parity test is this one call, with no line in test_parity.cpp.
+  OpEntry& golden(std::string file = {}) {
+    golden_file = file.empty() ? name : std::move(file);
+    return *this;
+  }
 
   OpEntry& sample(std::string n, std::vector<InputSpec> in, std::vector<IndexSpec> idx = {}, std::vector<double> args = {}) {
     samples.push_back({std::move(n), std::move(in), std::move(idx), std::move(args)});
@@ -121,7 +134,11 @@ OpEntry make_entry(std::string name, F op) {
   return e;
 }
 
-std::vector<OpEntry>& op_db();
+/// Every entry, in registration order (filled by TG_REGISTER_OP's static initializers before main).
+inline std::vector<OpEntry>& op_db() {
+  static std::vector<OpEntry> db;
+  return db;
+}
 struct Registrar {
   explicit Registrar(OpEntry e) { op_db().push_back(std::move(e)); }
 };

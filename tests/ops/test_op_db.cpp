@@ -16,11 +16,6 @@
 
 namespace tg::testing {
 
-std::vector<OpEntry>& op_db() {
-  static std::vector<OpEntry> db;
-  return db;
-}
-
 namespace {
 
 template <class T>

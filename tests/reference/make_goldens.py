@@ -457,6 +457,32 @@ def _(g):
 OPS["attention_composite"] = OPS["causal_attention"]
 
 
+# rope(x (..., T, Dh), theta, offset, rotary_dim): rotary embeddings, "rotate half" pairs (i, i + R/2) of the
+# first R features at positions offset + t, angle (offset + t) · theta^(-2i/R) in fp64; args = [theta,
+# offset, rotary_dim (-1: Dh)]. The C++ side is the op database entry (tests/ops/db_rope.cpp).
+@op("rope")
+def _(g):
+    def call(a, x):
+        T, Dh = x.shape[-2], x.shape[-1]
+        R = Dh if a[2] < 0 else int(a[2])
+        h = R // 2
+        ang = torch.arange(a[1], a[1] + T, dtype=torch.float64)[:, None] * a[0] ** (-2.0 * torch.arange(h, dtype=torch.float64) / R)
+        c, s = torch.cos(ang).float(), torch.sin(ang).float()
+        x1, x2 = x[..., :h], x[..., h:R]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., R:]], -1)
+    g.case("bhtd", [Fl(2, 3, 5, 8)], call, args=[10000, 0, -1])
+    g.case("offset_transposed", [Fl(1, 2, 6, 4, layout=1)], call, args=[10000, 11, -1])
+    g.case("partial_strided", [Fl(2, 2, 4, 10, layout=2)], call, args=[500, 3, 6])
+
+
+# swiglu(x (..., 2N)): a, b = x.chunk(2, -1); silu(a) · b (the first half is gated). C++: tests/ops/db_swiglu.cpp.
+@op("swiglu")
+def _(g):
+    call = lambda a, x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1]
+    g.case("rank3", [Fl(2, 3, 10)], call)
+    g.case("transposed", [Fl(6, 4, layout=1)], call)
+
+
 # ---- the GPT stack ---------------------------------------------------------------------------------
 GPT_CFG = dict(V=37, C=24, H=3, T=9, B=2, L=2, eps=1e-5, ignore_index=-1)
 

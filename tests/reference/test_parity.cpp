@@ -1,5 +1,7 @@
 // PyTorch parity: every op's fp32 output and gradients against goldens written by PyTorch (fp32, CPU)
-// with make_goldens.py, and a small GPT-style stack (embeddings, pre-LN blocks, tied head, loss).
+// with make_goldens.py, and a small GPT-style stack (embeddings, pre-LN blocks, tied head, loss). An op
+// runs either through a PARITY_OP runner below or, for ops added since, through its op database entry
+// (.golden(), Note [goldens from the op database] in tests/ops/op_db.hpp): Parity.<op> either way.
 // Error measure per tensor: rel = ||a - b||_2 / ||b||_2 (||a - b||_2 when ||b|| = 0), bound kMaxRelErr.
 // The goldens directory is $TG_GOLDENS_DIR, else the committed tests/reference/goldens.
 // A summary line with the largest relative error per op is printed at the end.
@@ -16,6 +18,7 @@
 #include <set>
 
 #include "golden.hpp"
+#include "ops/op_db.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/concat.hpp"
 #include "typegrad/ops/cross_entropy.hpp"
@@ -326,6 +329,31 @@ TEST(Parity, gpt) {
               static_cast<double>(loss.item()), static_cast<double>(g.f32("loss").item()), worst);
 }
 
+// ---- op database entries with a golden (Note [goldens from the op database]) -------------------------
+/// Registers Parity.<golden file> for every op database entry marked .golden(): the entry's fp32 function
+/// on the golden's inputs, with the golden's args as the sample's args.
+void register_op_db_goldens() {
+  for (const OpEntry& e : op_db()) {
+    if (e.golden_file.empty()) continue;
+    const std::string file = e.golden_file;
+    const bool duplicate = op_names().count(file) != 0;
+    op_names().insert(file);
+    Runner run = [&e](const X& x, const I& idx, const A& a) { return e.f32(x, idx, Sample{e.name, {}, {}, a}); };
+    auto body = [file, run, duplicate] {
+      ASSERT_FALSE(duplicate) << file << ".tgg has a PARITY_OP runner and an op database entry marked .golden(): keep one";
+      check_op(file, run);
+    };
+    ::testing::RegisterTest("Parity", file.c_str(), nullptr, nullptr, __FILE__, __LINE__, [body]() -> ::testing::Test* {
+      struct Body : ::testing::Test {
+        decltype(body) f;
+        explicit Body(decltype(body) fn) : f(std::move(fn)) {}
+        void TestBody() override { f(); }
+      };
+      return new Body(body);
+    });
+  }
+}
+
 // ---- the goldens directory and the tests agree -----------------------------------------------------
 const std::set<std::string> kNonOpGoldens = {"gpt"};
 
@@ -430,3 +458,11 @@ TEST(GoldenReader, load_names_the_file_of_a_truncated_golden) {
 
 }  // namespace
 }  // namespace tg::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  // The op database's own behaviour tests (OpDb_*) come with its entries; they run in test_ops, not here.
+  if (std::string(GTEST_FLAG_GET(filter)) == "*") GTEST_FLAG_SET(filter, "-OpDb_*");
+  tg::testing::register_op_db_goldens();
+  return RUN_ALL_TESTS();
+}

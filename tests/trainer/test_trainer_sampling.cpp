@@ -1,6 +1,7 @@
-// Note [trained positions] (examples/gpt/trainer.hpp): the trainer's sampler never uses a position that
-// training did not reach. Two models that differ only in the embeddings of positions >= S (NaN in one)
-// must generate the same text over a window of S, however long the sample; the full block would not.
+// Note [trained positions] (examples/gpt/trainer.hpp): the trainer's samples (tg::nn::generate_text over a
+// window of the trained positions) never use a position that training did not reach. Two models that differ
+// only in the embeddings of positions >= S (NaN in one) must generate the same text over a window of S,
+// however long the sample; the full block would not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,8 @@
 #include "trainer.hpp"
 
 namespace {
+
+const tg::nn::SamplingOptions kSampling{0.8f, 40, 1.0};  // temperature, top-k, top-p
 
 // Sets every row >= `from` of the position embedding to `value`.
 void poison_positions(const tg::nn::GPT& model, std::int64_t from, float value) {
@@ -32,14 +35,14 @@ TEST(TrainerSampling, NeverUsesPositionsBeyondTheTrainedOnes) {
   poison_positions(b, S, std::nanf(""));
   const tg::data::ByteTokenizer tok;
   tg::Generator sa(9), sb(9);
-  const std::string out_a = train_gpt::generate(a, tok, "Hello", 3 * block, 0.8f, 40, sa, S);
-  const std::string out_b = train_gpt::generate(b, tok, "Hello", 3 * block, 0.8f, 40, sb, S);
+  const std::string out_a = tg::nn::generate_text(a, tok, "Hello", 3 * block, kSampling, sa, S);
+  const std::string out_b = tg::nn::generate_text(b, tok, "Hello", 3 * block, kSampling, sb, S);
   EXPECT_EQ(out_a.size(), std::string("Hello").size() + 3 * block);
   EXPECT_EQ(out_a, out_b) << "a position >= " << S << " reached the logits";
   // The control: with the whole block as the window the untrained rows are used, and the texts differ.
   tg::Generator ca(9), cb(9);
-  EXPECT_NE(train_gpt::generate(a, tok, "Hello", 3 * block, 0.8f, 40, ca, block),
-            train_gpt::generate(b, tok, "Hello", 3 * block, 0.8f, 40, cb, block));
+  EXPECT_NE(tg::nn::generate_text(a, tok, "Hello", 3 * block, kSampling, ca, block),
+            tg::nn::generate_text(b, tok, "Hello", 3 * block, kSampling, cb, block));
 }
 
 TEST(TrainerSampling, WindowMustBePositive) {
@@ -47,7 +50,7 @@ TEST(TrainerSampling, WindowMustBePositive) {
   tg::Generator g(1);
   const tg::nn::GPT m(cfg, g);
   tg::Generator s(2);
-  EXPECT_THROW(train_gpt::generate(m, tg::data::ByteTokenizer{}, "x", 4, 1.f, 0, s, 0), tg::Error);
+  EXPECT_THROW(tg::nn::generate_text(m, tg::data::ByteTokenizer{}, "x", 4, {1.f, 0, 1.0}, s, 0), tg::Error);
 }
 
 }  // namespace

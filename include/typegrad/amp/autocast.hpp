@@ -7,12 +7,13 @@
 #include <type_traits>
 
 #include "typegrad/amp/precision.hpp"
+#include "typegrad/amp/rule.hpp"
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/ops/views.hpp"
 
 namespace tg::amp {
 
-/// Op tags: the ops the rules name (one per op family of ops/).
+/// Op tags: the ops the rules name (one per op family of ops/; later ops declare theirs with TG_AUTOCAST_RULE).
 namespace op {
 struct matmul {};
 struct linear {};
@@ -36,16 +37,8 @@ struct gelu {};
 struct dropout {};
 }  // namespace op
 
-/// The three rule families.
-enum class Rule {
-  gemm,         // storage: compute type; math: accumulation type (fp32)
-  fp32_math,    // storage: compute type (loss: accumulation type); math: fp32 whatever the storage
-  elementwise,  // storage: the promotion of the operands' types; math: fp32 registers for 16-bit storage
-  master,       // storage and math: the master (param) type
-};
-
-template <class Op>
-struct rule_of;
+// Rule, rule_of and TG_AUTOCAST_RULE live in amp/rule.hpp (ops added since declare their rule in their own
+// header: Note [an op declares its autocast rule]); the original ops' rules are these.
 template <> struct rule_of<op::matmul> { static constexpr Rule value = Rule::gemm; };
 template <> struct rule_of<op::linear> { static constexpr Rule value = Rule::gemm; };
 template <> struct rule_of<op::linear_gelu> { static constexpr Rule value = Rule::gemm; };

@@ -18,13 +18,14 @@
 
 namespace tg::amp {
 
-/// The fp32 policy's stand-in for WeightCopies: the forward reads the masters, nothing to refresh.
+/// The fp32 policy's stand-in for WeightCopies: the forward reads the masters, nothing to refresh or attach.
 template <Device D = cpu>
 struct NoCopies {
   explicit NoCopies(const std::vector<optim::BasicParam<D>>&, OptimizerSteps = {}) {}
   void refresh() {}
   std::int64_t refreshes() const { return 0; }
   bool stale() const { return false; }
+  void check_fresh() const {}
   std::int64_t nbytes() const { return 0; }
 };
 
@@ -48,16 +49,13 @@ class MixedPrecision {
   MixedPrecision(const std::vector<optim::BasicParam<D>>& params, const Opt& opt, Scaler s = Scaler{})
       : scaler(std::move(s)), weights(params, &opt) {}
 
-  /// model.forward<compute_type>(idx, gen, training) reading the per-step weight copies.
+  /// model.forward<compute_type>(idx, gen, training), reading the per-step weight copies (attached to the
+  /// masters: param_as finds them). Stale copies are an error here, before anything is recorded.
   template <class Model>
   Tensor<compute_type, D> forward(const Model& model, const Tensor<std::int64_t>& idx, Generator& gen,
                                   bool training = true) const {
-    if constexpr (P::uses_weight_copies) {
-      UseCopies<compute_type, D> use(weights);
-      return model.template forward<compute_type>(idx, gen, training);
-    } else {
-      return model.template forward<compute_type>(idx, gen, training);
-    }
+    if constexpr (P::uses_weight_copies) weights.check_fresh();
+    return model.template forward<compute_type>(idx, gen, training);
   }
   /// Mean cross-entropy stored in fp32 (the loss is an fp32_math op; Note [autocast rules]).
   template <FloatingElement T>

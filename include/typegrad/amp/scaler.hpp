@@ -47,7 +47,7 @@ struct ScalerState {
 };
 
 namespace detail {
-/// Unscales every master gradient of `opt` (an optim::Optimizer, or an optim::DeviceOptimizer<D>) by 1/scale; true
+/// Unscales every master gradient of `opt` (an optim::BasicOptimizer<D> on any device) by 1/scale; true
 /// when any is inf or NaN. CPU gradients go through the CPU kernel one by one; device gradients through one
 /// multi-tensor launch (backend::cuda::unscale_and_check: one flag read back).
 template <class Opt>

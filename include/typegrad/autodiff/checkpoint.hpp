@@ -4,6 +4,7 @@
 //   auto z = tg::checkpoint<tg::SelectiveRecompute>([&](const tg::Tensor<float>& t) { return mlp.forward(t); }, x);
 #pragma once
 
+#include <concepts>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "typegrad/amp/active_copies.hpp"
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/autodiff/region.hpp"
 
@@ -46,8 +46,9 @@ namespace tg {
 // GEMMs reuse the outer region's kept outputs and, if its own policy keeps GEMMs, store them again
 // (shared storage, no copy).
 //
-// Mixed precision: the recompute reads the same per-step weight copies as the forward did (Note [regions
-// see the copies], amp/active_copies.hpp).
+// Mixed precision: parameters carry their own compute copies (the slot on their storage, core/storage.hpp),
+// so the recompute reads the same per-step weight copies as the forward did with nothing captured here
+// (Note [regions see the copies]).
 //
 // Gradients are bitwise those without checkpointing when the region's function is deterministic (it is
 // here: same kernels, same thread count, same Philox counters) and every region input's gradient comes
@@ -87,10 +88,9 @@ class RegionNode final : public Node {
  public:
   RegionNode(std::vector<TensorInfo> infos, TensorInfo out, Fn fn, std::tuple<Ins...> inputs,
              std::vector<std::any> kept, std::vector<RngRecord> rng, std::weak_ptr<AutogradMeta<TO, DO>> out_meta,
-             std::tuple<input_slot<Ins>...> slots, amp::detail::ActiveCopies copies)
+             std::tuple<input_slot<Ins>...> slots)
       : Node(Policy::op_name, std::move(infos), std::move(out)), fn_(std::move(fn)), saved_inputs_(std::move(inputs)),
-        kept_(std::move(kept)), rng_(std::move(rng)), out_meta_(std::move(out_meta)), slots_(std::move(slots)),
-        copies_(copies) {}
+        kept_(std::move(kept)), rng_(std::move(rng)), out_meta_(std::move(out_meta)), slots_(std::move(slots)) {}
 
   bool run_backward() override {
     auto out = out_meta_.lock();
@@ -157,7 +157,6 @@ class RegionNode final : public Node {
       ~GradOn() { set_grad_enabled(previous); }
     };
     RngRewind rewind(rng_);
-    amp::detail::ActivateCopies copies(copies_);  // Note [regions see the copies]
     RegionContext ctx{Policy::op_name, RegionPhase::recompute, Policy::keep_gemm, &kept_, 0, &rng_, false};
     RegionScope region(ctx);
     TapeScope tape(sub);
@@ -193,7 +192,6 @@ class RegionNode final : public Node {
   std::vector<RngRecord> rng_;
   std::weak_ptr<AutogradMeta<TO, DO>> out_meta_;
   std::tuple<input_slot<Ins>...> slots_;
-  amp::detail::ActiveCopies copies_;
 };
 
 }  // namespace autodiff
@@ -227,8 +225,7 @@ auto checkpoint(Fn fn, const Tensor<Ts, Ds>&... inputs) {
       std::vector<autodiff::TensorInfo>{autodiff::info_of(inputs)...}, autodiff::info_of(y), std::move(fn),
       std::tuple<Tensor<Ts, Ds>...>{inputs.detach()...}, std::move(kept), std::move(rng), meta,
       std::tuple<autodiff::input_slot<Tensor<Ts, Ds>>...>{
-          autodiff::input_slot<Tensor<Ts, Ds>>{inputs.requires_grad() ? inputs.autograd_meta() : nullptr, inputs.shape()}...},
-      amp::detail::ActiveCopies::current());
+          autodiff::input_slot<Tensor<Ts, Ds>>{inputs.requires_grad() ? inputs.autograd_meta() : nullptr, inputs.shape()}...});
   meta->producer = node;
   autodiff::current_tape().push(node);
   ++autodiff::checkpoint_stats().regions_recorded;
@@ -266,36 +263,32 @@ class Checkpoint {
   const Block* block_;
 };
 
-/// The run-time choice of a model's checkpointing (the trainer's --checkpoint), made a type in checkpointed().
-enum class CheckpointMode { none, selective, blocks };
+/// No checkpointing: a module's forward is a plain call and keeps every activation ("none" in the trainer).
+struct NoCheckpoint {
+  static constexpr const char* name = "none";
+};
 
-inline const char* checkpoint_mode_name(CheckpointMode m) {
-  switch (m) {
-    case CheckpointMode::none: return "none";
-    case CheckpointMode::selective: return SelectiveRecompute::name;
-    case CheckpointMode::blocks: return RecomputeAll::name;
-  }
-  return "?";
-}
-inline CheckpointMode parse_checkpoint_mode(std::string_view s) {
-  if (s == "none") return CheckpointMode::none;
-  if (s == "selective") return CheckpointMode::selective;
-  if (s == "blocks") return CheckpointMode::blocks;
-  throw Error("checkpoint mode: unknown mode '", std::string(s), "' (expected none, selective or blocks)");
+/// A model's activation-checkpointing policy: NoCheckpoint, or a region policy (SelectiveRecompute,
+/// RecomputeAll). Models take it as a type (BasicGPT::forward<T, C>); a CLI picks it with with_checkpointing.
+template <class C>
+concept ActivationCheckpointing = std::same_as<C, NoCheckpoint> || CheckpointPolicy<C>;
+
+/// block.forward(x, args...) under the policy C: a checkpoint region of C, or a plain call for NoCheckpoint.
+template <ActivationCheckpointing C, class Block, Element T, Device D, class... Args>
+Tensor<T, D> checkpointed(const Block& block, const Tensor<T, D>& x, Args&&... args) {
+  if constexpr (std::is_same_v<C, NoCheckpoint>) return block.forward(x, std::forward<Args>(args)...);
+  else return Checkpoint<Block, C>(block).forward(x, std::forward<Args>(args)...);
 }
 
-/// block.forward(x, args...), as a checkpoint region of the policy `mode` names (none: a plain call).
-template <class Block, Element T, Device D, class... Args>
-Tensor<T, D> checkpointed(CheckpointMode mode, const Block& block, const Tensor<T, D>& x, Args&&... args) {
-  switch (mode) {
-    case CheckpointMode::selective:
-      return Checkpoint<Block, SelectiveRecompute>(block).forward(x, std::forward<Args>(args)...);
-    case CheckpointMode::blocks:
-      return Checkpoint<Block, RecomputeAll>(block).forward(x, std::forward<Args>(args)...);
-    case CheckpointMode::none:
-      break;
-  }
-  return block.forward(x, std::forward<Args>(args)...);
+/// The one run-time -> type boundary for activation checkpointing (a CLI's --checkpoint): calls
+/// f.template operator()<C>() for "none" (NoCheckpoint), "selective" (SelectiveRecompute) or "blocks"
+/// (RecomputeAll) and returns its result; any other name is a tg::Error naming the choices.
+template <class F>
+decltype(auto) with_checkpointing(std::string_view name, F&& f) {
+  if (name == NoCheckpoint::name) return f.template operator()<NoCheckpoint>();
+  if (name == SelectiveRecompute::name) return f.template operator()<SelectiveRecompute>();
+  if (name == RecomputeAll::name) return f.template operator()<RecomputeAll>();
+  throw Error("checkpointing: unknown mode '", std::string(name), "' (expected none, selective or blocks)");
 }
 
 }  // namespace tg

@@ -1,13 +1,32 @@
-// Storage: a reference-counted block of device memory from that device's allocator.
+// Storage: a reference-counted block of device memory from that device's allocator, with one slot for the
+// compute copy of the tensor it holds (a parameter's bf16/fp16 copy; Note [master weights and per-step copies]).
 //   auto s = tg::Storage::allocate<tg::cpu>(1024);   // 1024 bytes; returned to the cache when the last owner dies
+//   const tg::AttachedCopy* c = s->attached_copy();  // null unless a compute copy is attached
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 
 #include "typegrad/core/allocator.hpp"
+#include "typegrad/core/device.hpp"
+#include "typegrad/core/dtype.hpp"
 
 namespace tg {
+
+/// A low-precision compute copy of the tensor a storage holds, attached to that storage (every handle and
+/// view of a parameter shares it). Core knows only the copy's element type, its device and its owner; the
+/// object belongs to the owner (amp::WeightCopies), which attaches it while it lives and detaches it before
+/// it dies, so a storage never points at a dead copy. Note [master weights and per-step copies].
+struct AttachedCopy {
+  DType dtype;
+  DeviceKind device;
+  const void* owner;  // identifies the owner (its shared state), for copy_of and the two-owner error
+
+ protected:
+  AttachedCopy(DType d, DeviceKind k, const void* o) : dtype(d), device(k), owner(o) {}
+  ~AttachedCopy() = default;
+};
 
 class Storage {
  public:
@@ -27,10 +46,27 @@ class Storage {
   void* data() const { return ptr_; }
   std::size_t bytes() const { return bytes_; }
 
+  // ---- the compute-copy slot (one copy at a time; atomic, so two racing owners get a clean answer) --------
+  /// The copy attached now (null: none).
+  const AttachedCopy* attached_copy() const noexcept { return copy_.load(std::memory_order_acquire); }
+  /// Attaches `c` when no copy is attached. Returns the copy attached afterwards: `c` on success, else the
+  /// one that was already there (left in place).
+  const AttachedCopy* attach_copy(const AttachedCopy* c) noexcept {
+    const AttachedCopy* expected = nullptr;
+    if (copy_.compare_exchange_strong(expected, c, std::memory_order_acq_rel, std::memory_order_acquire)) return c;
+    return expected;
+  }
+  /// Detaches `c` if it is the copy attached (else leaves the slot alone).
+  void detach_copy(const AttachedCopy* c) noexcept {
+    const AttachedCopy* expected = c;
+    copy_.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel, std::memory_order_acquire);
+  }
+
  private:
   void* ptr_;
   std::size_t bytes_;
   Allocator* alloc_;
+  std::atomic<const AttachedCopy*> copy_{nullptr};
 };
 
 }  // namespace tg

@@ -198,6 +198,37 @@ TG_HOST_DEVICE TG_INLINE T lamb_direction(T p, T m, T v, const LambConsts<T>& c)
   return (m * c.inv_bc1) / (std::sqrt(v * c.inv_bc2) + c.eps) + c.wd * p;
 }
 
+/// Adafactor's full second moment for one element (vectors and scalars): v = β2_t·v + (1 − β2_t)·(g² + ε1).
+template <class T>
+TG_HOST_DEVICE TG_INLINE T adafactor_moment(T v, T g, T b2, T one_b2, T eps1) {
+  return b2 * v + one_b2 * (g * g + eps1);
+}
+/// Adafactor's per-tensor update constants (Note [Adafactor update]): the step size α and the clipping
+/// divisor from backend::adafactor_apply, the decay, β1; rounded once to T.
+template <class T>
+struct AdafactorConsts {
+  T alpha, inv_clip, wd, b1, one_b1;
+  bool use_m;
+};
+template <class T>
+inline AdafactorConsts<T> adafactor_consts(double alpha, double clip_div, double weight_decay, double beta1) {
+  return {static_cast<T>(alpha), static_cast<T>(1.0 / clip_div), static_cast<T>(weight_decay), static_cast<T>(beta1),
+          static_cast<T>(1.0 - beta1), beta1 != 0.0};
+}
+/// U = g / sqrt(V̂) for one element (the norms pass and the update compute it the same way).
+template <class T>
+TG_HOST_DEVICE TG_INLINE T adafactor_u(T g, T v_hat) {
+  return g / std::sqrt(v_hat);
+}
+/// One element of Adafactor's update: Û = U / clip; [m = β1·m + (1 − β1)·Û, Û = m]; p = p − α·λ·p − α·Û.
+/// `m` may be null (no first moment).
+template <class T>
+TG_HOST_DEVICE TG_INLINE void adafactor_update(T& p, T g, T v_hat, T* m, const AdafactorConsts<T>& c) {
+  T upd = adafactor_u(g, v_hat) * c.inv_clip;
+  if (c.use_m && m) upd = *m = c.b1 * *m + c.one_b1 * upd;
+  p = p - c.alpha * c.wd * p - c.alpha * upd;
+}
+
 /// Finite (not inf, not NaN) without relying on libm: x - x is 0 exactly for finite x, NaN otherwise.
 TG_HOST_DEVICE TG_INLINE bool is_finite(float x) { return x - x == 0.0f; }
 

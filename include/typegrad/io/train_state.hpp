@@ -1,10 +1,11 @@
 // Training-state checkpoints (fp32 master weights, optimizer state, schedule / sampler / RNG / accumulation
 // positions, loss-scaler numbers, the run's configuration) as checksummed safetensors, saved atomically.
-//   tg::io::CheckpointDir ckpts("runs/a", /*keep=*/3);  ckpts.save(step, params, opt, record);
+//   tg::io::CheckpointDir ckpts("runs/a", /*keep=*/3);  ckpts.save(params, opt, record);   // on any device
 //   auto rec = tg::io::load_train_state(tg::io::resolve_resume("runs/a"), params, opt);  // then restore positions
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,7 +23,7 @@ namespace tg::io {
 // One safetensors file per checkpoint (docs/checkpoints.md has the full layout):
 //   tensors   "<param>"            F32, every model parameter under its GPT-2 name (so the file also
 //                                  loads as plain weights, in typegrad or in PyTorch)
-//             "optim.<entry>"      F32, Optimizer::state_tensors() ("optim.h.0.mlp.c_fc.weight.exp_avg",
+//             "optim.<entry>"      F32, BasicOptimizer::state_tensors() ("optim.h.0.mlp.c_fc.weight.exp_avg",
 //                                  "optim.h.0.mlp.c_fc.weight.step", "optim.optimizer.step")
 //   metadata  "format"             "typegrad.train_state"        "format_version"  "1"
 //             "tg.state"           JSON of TrainStateRecord (the plain numbers below, the config)
@@ -33,6 +34,38 @@ namespace tg::io {
 // same batches, dropout masks and learning rates, so the run is bit-identical to one never stopped.
 // Loading checks everything (format, checksums, name set, dtypes, shapes, optimizer kind) before it
 // changes anything: on an error the model and optimizer are as they were.
+// The parameters and the optimizer may live on any device (ParamsView, optim::AnyOptimizer: the tensors
+// travel as host fp32 copies, Note [optimizer state]), and the file does not record which: a checkpoint
+// written by a CPU run resumes on a GPU and the other way round.
+
+/// A model's parameters as the checkpoint functions see them, on any device: each one's name and shape, a
+/// host fp32 tensor of its values (the parameter itself on the CPU, a copy from a device) and a write of
+/// host values into it. Made implicitly from a std::vector<optim::BasicParam<D>>; it refers to the
+/// parameters' tensors (shared), so it is made for a call, not kept.
+class ParamsView {
+ public:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    std::function<Tensor<fp32>()> read;
+    std::function<void(const Tensor<fp32>&)> write;
+  };
+  template <Device D>
+  ParamsView(const std::vector<optim::BasicParam<D>>& params) {  // NOLINT(google-explicit-constructor)
+    entries_.reserve(params.size());
+    for (const optim::BasicParam<D>& p : params)
+      entries_.push_back({p.name, p.tensor.shape(), [t = p.tensor] { return t.detach().template to<cpu>(); },
+                          [t = p.tensor](const Tensor<fp32>& host) {
+                            tg::detail::copy_tensor(host.detach().template to<D>().detach(), t);
+                          }});
+  }
+  const std::vector<Entry>& entries() const { return entries_; }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+
+ private:
+  std::vector<Entry> entries_;
+};
 
 /// A tg::Generator's whole state.
 struct GeneratorRecord {
@@ -89,26 +122,26 @@ struct LoadOptions {
   bool allow_non_finite = false;  ///< load tensors holding NaN / inf as they are
 };
 
-/// Writes a training checkpoint to `path` atomically (Note [atomic file replacement]).
-void save_train_state(const std::string& path, const std::vector<optim::Param>& params, const optim::Optimizer& opt,
+/// Writes a training checkpoint of `params` and `opt` (on any device) to `path` atomically (Note [atomic
+/// file replacement]).
+void save_train_state(const std::string& path, const ParamsView& params, const optim::AnyOptimizer& opt,
                       const TrainStateRecord& record);
-/// Loads a checkpoint written by save_train_state into `params` and `opt` (all checks first, see the Note)
-/// and returns its record; restoring the positions it holds is the caller's part.
+/// Loads a checkpoint written by save_train_state into `params` and `opt` (on any device; all checks first,
+/// see the Note) and returns its record; restoring the positions it holds is the caller's part.
 /// Every tensor (parameters and optimizer state) must be finite unless `options` allows otherwise.
-TrainStateRecord load_train_state(const std::string& path, const std::vector<optim::Param>& params, optim::Optimizer& opt,
+TrainStateRecord load_train_state(const std::string& path, const ParamsView& params, optim::AnyOptimizer& opt,
                                   const LoadOptions& options = {});
 /// The record of a checkpoint without loading its tensors (tensors and checksums are still verified).
 TrainStateRecord read_train_state_record(const std::string& path);
 
 /// Weights only: every parameter as F32 under its name, checksummed, `metadata` added ("format": "pt" by
 /// default, which PyTorch-side tools expect).
-void save_weights(const std::string& path, const std::vector<optim::Param>& params,
-                  const std::map<std::string, std::string>& metadata = {});
+void save_weights(const std::string& path, const ParamsView& params, const std::map<std::string, std::string>& metadata = {});
 /// Loads weights into `params` from a weights file (exactly the parameters' names; floating dtypes are
 /// converted to fp32) or from a training checkpoint (its "optim.*" tensors are ignored). Checksums are
 /// verified when the file has them. All checks happen before any parameter changes, the finiteness of every
 /// value among them (NonFiniteTensor) unless `options` allows otherwise.
-void load_weights(const std::string& path, const std::vector<optim::Param>& params, const LoadOptions& options = {});
+void load_weights(const std::string& path, const ParamsView& params, const LoadOptions& options = {});
 
 /// The keys whose values differ between two JSON configurations ("lr: checkpoint 0.002, now 0.001"),
 /// for a trainer to report when a run is resumed with other settings.
@@ -145,7 +178,7 @@ class CheckpointDir {
   std::vector<std::pair<std::int64_t, std::string>> other_runs(const std::string& run_id) const;
   /// Saves step `record.step`, then deletes the oldest of `record.run_id`'s checkpoints beyond `keep`;
   /// returns the path written. Throws, writing nothing, when the path holds another run's checkpoint.
-  std::string save(const std::vector<optim::Param>& params, const optim::Optimizer& opt, const TrainStateRecord& record);
+  std::string save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record);
   /// Removes the temporaries of killed saves whose process is gone; returns how many.
   std::int64_t remove_stale_temporaries() const;
 

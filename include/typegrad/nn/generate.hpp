@@ -234,4 +234,21 @@ class Decoder {
   std::int64_t positions_ = 0, generated_ = 0;
 };
 
+/// `tokens` tokens sampled after `prompt` (Note [sampling the next token]) with a KV cache over a window of
+/// at most `window` positions (Note [the decoding window]), decoded with `tok` (anything with
+/// encode(string) -> ids and decode(span of ids) -> string, e.g. data::AnyTokenizer); returns the prompt and
+/// the continuation as text. An empty prompt (or one that encodes to no token) starts from "\n".
+template <Device D, class Tokenizer>
+std::string generate_text(const BasicGPT<D>& model, const Tokenizer& tok, const std::string& prompt, std::int64_t tokens,
+                          const SamplingOptions& options, Generator& gen, std::int64_t window) {
+  TG_CHECK(window >= 1, "generate_text: the window must be at least 1 position, got ", window);
+  TG_CHECK(tokens >= 0, "generate_text: tokens must be >= 0, got ", tokens);
+  std::vector<std::int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids = tok.encode("\n");
+  Decoder<D> dec(model, window);
+  dec.set_prompt(ids);
+  for (std::int64_t s = 0; s < tokens; ++s) ids.push_back(dec.next(options, gen));
+  return tok.decode(std::span<const std::int32_t>(ids));
+}
+
 }  // namespace tg::nn

@@ -163,16 +163,17 @@ class BasicGPT {
     for (std::int64_t i = 0; i < config.n_layer; ++i) blocks_.emplace_back(config_, gen);
     ln_f_ = BasicLayerNorm<D>(config.n_embd);
   }
-  /// A copy of `other` (weights, configuration, checkpointing mode) on device D: a GPU model that starts
+  /// A copy of `other` (weights, configuration) on device D: a GPU model that starts
   /// from a CPU model's initialization or checkpoint.
   template <Device S>
   explicit BasicGPT(const BasicGPT<S>& other)
-      : config_(other.config()), wte_(other.wte()), wpe_(other.wpe()), ln_f_(other.ln_f()), checkpoint_(other.checkpoint()) {
+      : config_(other.config()), wte_(other.wte()), wpe_(other.wpe()), ln_f_(other.ln_f()) {
     for (const auto& b : other.blocks()) blocks_.emplace_back(b);
   }
 
-  /// Logits (B,T,V) for token ids idx (B,T). Dropout draws from `dropout_gen` when training.
-  template <FloatingElement T>
+  /// Logits (B,T,V) for token ids idx (B,T), the blocks under the activation-checkpointing policy C
+  /// (Note [checkpoint regions]). Dropout draws from `dropout_gen` when training.
+  template <FloatingElement T, ActivationCheckpointing C = NoCheckpoint>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
     TG_CHECK(idx.dim() == 2, "GPT::forward: idx must be (B,T), got ", idx.shape());
     const std::int64_t T_ = idx.size(1);
@@ -180,7 +181,7 @@ class BasicGPT {
     const Tensor<std::int64_t> pos = Tensor<std::int64_t>::arange(T_);
     Tensor<T, D> x = add(wte_.template forward<T>(idx), wpe_.template forward<T>(pos));  // (B,T,C) + (T,C)
     x = dropout(x, config_.dropout, dropout_gen, training);
-    for (const BasicBlock<D>& b : blocks_) x = checkpointed(checkpoint_, b, x, dropout_gen, training);  // Note [checkpoint regions]
+    for (const BasicBlock<D>& b : blocks_) x = checkpointed<C>(b, x, dropout_gen, training);
     x = ln_f_.forward(x);
     return linear(x, amp::param_as<T>(wte_.weight()));  // tied LM head: logits = x·wteᵀ
   }
@@ -201,9 +202,6 @@ class BasicGPT {
     return out;
   }
   const GPTConfig& config() const { return config_; }
-  /// Activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (keep inputs only).
-  void set_checkpoint(CheckpointMode mode) { checkpoint_ = mode; }
-  CheckpointMode checkpoint() const { return checkpoint_; }
   const std::vector<BasicBlock<D>>& blocks() const { return blocks_; }
   const BasicEmbedding<D>& wte() const { return wte_; }
   const BasicEmbedding<D>& wpe() const { return wpe_; }
@@ -214,7 +212,6 @@ class BasicGPT {
   BasicEmbedding<D> wte_, wpe_;
   std::vector<BasicBlock<D>> blocks_;
   BasicLayerNorm<D> ln_f_;
-  CheckpointMode checkpoint_ = CheckpointMode::none;
 };
 using GPT = BasicGPT<cpu>;
 

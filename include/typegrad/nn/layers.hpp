@@ -1,7 +1,7 @@
 // The basic layers: Linear, Embedding, LayerNorm (BasicLinear<D>, ... on device D; the plain names are the
 // CPU forms). Parameters are fp32 masters; forward<T> computes in T,
-// reading each weight through amp::param_as<T> (the per-step copy of an active amp::WeightCopies<T>, else
-// a to<T>() copy, which is the identity for fp32; Note [master weights and per-step copies]).
+// reading each weight through amp::param_as<T> (the per-step T copy an amp::WeightCopies<T> attached to the
+// parameter, else a to<T>() copy, which is the identity for fp32; Note [master weights and per-step copies]).
 //   tg::nn::Linear fc(768, 3072, gen);  auto y = fc.forward(x);        // x (B,T,768) -> (B,T,3072)
 //   tg::nn::LayerNorm ln(768);          auto h = ln.forward(x);
 #pragma once

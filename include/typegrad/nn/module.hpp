@@ -24,7 +24,8 @@ inline std::string join_name(const std::string& prefix, const std::string& name)
   return prefix.empty() ? name : prefix + "." + name;
 }
 
-inline std::int64_t count_parameters(const std::vector<NamedParameter>& ps) {
+template <Device D>
+std::int64_t count_parameters(const std::vector<optim::BasicParam<D>>& ps) {
   std::int64_t n = 0;
   for (const auto& p : ps) n += p.tensor.numel();
   return n;

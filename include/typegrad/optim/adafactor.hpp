@@ -1,4 +1,5 @@
-// Adafactor: factored second moments, relative step sizes and update clipping (Shazeer & Stern 2018).
+// Adafactor: factored second moments, relative step sizes and update clipping (Shazeer & Stern 2018), on any
+// device: BasicAdafactor<D>; Adafactor is the CPU's.
 //   tg::optim::Adafactor opt(params, {});                       // the paper's defaults, no first moment
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
@@ -6,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -46,7 +46,7 @@ inline std::int64_t adafactor_cols(const Shape& shape) { return shape.back(); }
 inline std::int64_t adafactor_rows(const Shape& shape) {
   return adafactor_cols(shape) == 0 ? 0 : shape.numel() / adafactor_cols(shape);
 }
-/// The state kept for a parameter of `shape` (Adafactor and DeviceAdafactor).
+/// The state kept for a parameter of `shape`.
 inline std::vector<SlotSpec> adafactor_slots(const AdafactorOptions& o, const Shape& shape) {
   std::vector<SlotSpec> s;
   if (adafactor_factored(shape)) {
@@ -59,10 +59,10 @@ inline std::vector<SlotSpec> adafactor_slots(const AdafactorOptions& o, const Sh
   return s;
 }
 /// The per-step scalars of one parameter at its step t >= 1 with the group's lr and weight decay.
-inline backend::cpu::AdafactorScalars adafactor_scalars(const AdafactorOptions& o, float lr, float weight_decay,
+inline backend::AdafactorScalars adafactor_scalars(const AdafactorOptions& o, float lr, float weight_decay,
                                                         std::int64_t step) {
   const double t = static_cast<double>(step);
-  backend::cpu::AdafactorScalars s;
+  backend::AdafactorScalars s;
   s.rho = o.relative_step ? std::min(static_cast<double>(lr), 1.0 / std::sqrt(t)) : lr;
   s.scale_parameter = o.scale_parameter;
   s.beta2 = 1.0 - std::pow(t, -static_cast<double>(o.decay_rate));
@@ -73,38 +73,54 @@ inline backend::cpu::AdafactorScalars adafactor_scalars(const AdafactorOptions& 
   s.weight_decay = weight_decay;
   return s;
 }
-/// The constructor checks shared by Adafactor and DeviceAdafactor.
+/// The constructor checks of Adafactor.
 inline void check_adafactor_options(const AdafactorOptions& o, const char* who) {
   TG_CHECK(o.beta1 >= 0 && o.beta1 < 1, who, ": beta1 must be in [0, 1), got ", o.beta1);
   TG_CHECK(o.clip_threshold > 0, who, ": clip_threshold must be > 0, got ", o.clip_threshold);
 }
 
-class Adafactor final : public Optimizer {
+/// Adafactor on device D: one adafactor_step_multi call per run of parameters sharing (lr, weight decay, step
+/// count) (Note [device optimizers]).
+template <Device D>
+class BasicAdafactor final : public BasicOptimizer<D> {
+  using Base = BasicOptimizer<D>;
+  using typename Base::Update;
+
  public:
-  Adafactor(std::vector<ParamGroup> groups, AdafactorOptions o)
-      : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
+  BasicAdafactor(std::vector<BasicParamGroup<D>> groups, AdafactorOptions o)
+      : Base(std::move(groups), o.lr, o.weight_decay, "Adafactor"), o_(o) {
     check_adafactor_options(o, "Adafactor");
   }
-  Adafactor(std::vector<Param> params, AdafactorOptions o) : Adafactor(one_group(std::move(params)), o) {}
+  BasicAdafactor(std::vector<BasicParam<D>> params, AdafactorOptions o)
+      : BasicAdafactor(Base::one_group(std::move(params)), o) {}
   const char* name() const override { return "Adafactor"; }
 
  protected:
-  std::vector<SlotSpec> slots(const Param& p) const override { return adafactor_slots(o_, p.tensor.shape()); }
-  void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
-    if (p.tensor.numel() == 0) return;
-    const auto s = adafactor_scalars(o_, g.lr, g.weight_decay, st.step);
-    fp32* m = o_.beta1 > 0 ? st.slots.back().data() : nullptr;
-    const Shape& shape = p.tensor.shape();
-    if (adafactor_factored(shape))
-      backend::cpu::adafactor_step_factored<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(),
-                                                  st.slots[1].data(), m, adafactor_rows(shape), adafactor_cols(shape), s);
-    else
-      backend::cpu::adafactor_step_full<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(), m,
-                                              p.tensor.numel(), s);
+  std::vector<SlotSpec> slots(const Shape& shape) const override { return adafactor_slots(o_, shape); }
+  void update(std::span<Update> ready) override {
+    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step()); },
+                       [&](std::span<Update> run) {
+                         const auto s = adafactor_scalars(o_, run[0].lr(), run[0].weight_decay(), run[0].step());
+                         tensors_.clear();
+                         for (const Update& u : run) {
+                           if (u.numel() == 0) continue;
+                           fp32* m = o_.beta1 > 0 ? u.slot(u.state->slots.size() - 1) : nullptr;
+                           if (adafactor_factored(u.shape()))
+                             tensors_.push_back({u.p(), u.g(), u.slot(0), u.slot(1), nullptr, m, adafactor_rows(u.shape()),
+                                                 adafactor_cols(u.shape())});
+                           else
+                             tensors_.push_back({u.p(), u.g(), nullptr, nullptr, u.slot(0), m, 1, u.numel()});
+                         }
+                         if (tensors_.empty()) return;
+                         TG_BACKEND(D, adafactor_step_multi<fp32>(tensors_.data(), static_cast<int>(tensors_.size()), s));
+                       });
   }
 
  private:
   AdafactorOptions o_;
+  std::vector<backend::AdafactorTensor<fp32>> tensors_;
 };
+
+using Adafactor = BasicAdafactor<cpu>;
 
 }  // namespace tg::optim

@@ -1,9 +1,10 @@
-// Adam with L2 weight decay (torch.optim.Adam) and AdamW with decoupled weight decay (torch.optim.AdamW).
+// Adam with L2 weight decay (torch.optim.Adam) and AdamW with decoupled weight decay (torch.optim.AdamW), on
+// any device: BasicAdam<D>, BasicAdamW<D>; Adam and AdamW are the CPU's.
 //   tg::optim::AdamW opt(tg::optim::default_groups(params, 0.1f), {.lr = 6e-4f, .beta2 = 0.95f});
+//   tg::optim::BasicAdamW<tg::cuda> gpu_opt(tg::optim::default_groups(gpu_params, 0.1f), {.lr = 6e-4f});
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
 
-#include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -33,9 +34,9 @@ struct AdamWOptions {
 //   v_t = β2·v_{t−1} + (1 − β2)·g²
 //   p   = p − (η / (1 − β1^t)) · m_t / (sqrt(v_t) / sqrt(1 − β2^t) + ε)
 // State: "<name>.exp_avg" (m) and "<name>.exp_avg_sq" (v); t is the parameter's own step count.
-/// The state kept for a parameter of `shape` (Adam, AdamW and DeviceAdam).
+/// The state kept for a parameter of `shape` (Adam and AdamW).
 inline std::vector<SlotSpec> adam_slots(const Shape& shape) { return {{"exp_avg", shape}, {"exp_avg_sq", shape}}; }
-/// The constructor checks shared by Adam, AdamW and DeviceAdam.
+/// The constructor checks of Adam and AdamW.
 inline void check_adam_options(float lr, float beta1, float beta2, float eps, const char* who) {
   TG_CHECK(lr >= 0, who, ": lr must be >= 0, got ", lr);
   TG_CHECK(beta1 >= 0 && beta1 < 1, who, ": beta1 must be in [0, 1), got ", beta1);
@@ -43,8 +44,13 @@ inline void check_adam_options(float lr, float beta1, float beta2, float eps, co
   TG_CHECK(eps >= 0, who, ": eps must be >= 0, got ", eps);
 }
 
-template <bool Decoupled>
-class AdamBase : public Optimizer {
+/// Adam (L2 decay folded into the gradient) and AdamW (decoupled decay) on device D: one adam_step_multi
+/// call per run of parameters sharing (lr, weight decay, step count) (Note [device optimizers]).
+template <Device D, bool Decoupled>
+class BasicAdamRule : public BasicOptimizer<D> {
+  using Base = BasicOptimizer<D>;
+  using typename Base::Update;
+
  public:
   struct Hyper {
     float lr, beta1, beta2, eps, weight_decay;
@@ -52,37 +58,50 @@ class AdamBase : public Optimizer {
   const char* name() const override { return Decoupled ? "AdamW" : "Adam"; }
 
  protected:
-  AdamBase(std::vector<ParamGroup> groups, Hyper h) : Optimizer(std::move(groups), h.lr, h.weight_decay), h_(h) {
-    check_adam_options(h.lr, h.beta1, h.beta2, h.eps, name());
+  BasicAdamRule(std::vector<BasicParamGroup<D>> groups, Hyper h)
+      : Base(std::move(groups), h.lr, h.weight_decay, Decoupled ? "AdamW" : "Adam"), h_(h) {
+    check_adam_options(h.lr, h.beta1, h.beta2, h.eps, Decoupled ? "AdamW" : "Adam");
   }
-  std::vector<SlotSpec> slots(const Param& p) const override { return adam_slots(p.tensor.shape()); }
-  void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
-    backend::cpu::AdamScalars s;
-    s.lr = g.lr;
-    s.beta1 = h_.beta1;
-    s.beta2 = h_.beta2;
-    s.eps = h_.eps;
-    s.weight_decay = g.weight_decay;
-    s.decoupled = Decoupled;
-    s.step = st.step;
-    backend::cpu::adam_step<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(), st.slots[1].data(),
-                                  p.tensor.numel(), s);
+  std::vector<SlotSpec> slots(const Shape& shape) const override { return adam_slots(shape); }
+  void update(std::span<Update> ready) override {
+    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step()); },
+                       [&](std::span<Update> run) {
+                         backend::AdamScalars s;
+                         s.lr = run[0].lr();
+                         s.beta1 = h_.beta1;
+                         s.beta2 = h_.beta2;
+                         s.eps = h_.eps;
+                         s.weight_decay = run[0].weight_decay();
+                         s.decoupled = Decoupled;
+                         s.step = run[0].step();
+                         tensors_.clear();
+                         for (const Update& u : run) tensors_.push_back({u.p(), u.g(), u.slot(0), u.slot(1), u.numel()});
+                         TG_BACKEND(D, adam_step_multi<fp32>(tensors_.data(), static_cast<int>(tensors_.size()), s));
+                       });
   }
+
+ private:
   Hyper h_;
+  std::vector<backend::AdamTensor<fp32>> tensors_;  // reused: no allocation in the steady state
 };
 
-class Adam final : public AdamBase<false> {
+template <Device D>
+class BasicAdam final : public BasicAdamRule<D, false> {
  public:
-  Adam(std::vector<ParamGroup> groups, AdamOptions o)
-      : AdamBase(std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}) {}
-  Adam(std::vector<Param> params, AdamOptions o) : Adam(one_group(std::move(params)), o) {}
+  BasicAdam(std::vector<BasicParamGroup<D>> groups, AdamOptions o)
+      : BasicAdamRule<D, false>(std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}) {}
+  BasicAdam(std::vector<BasicParam<D>> params, AdamOptions o) : BasicAdam(BasicOptimizer<D>::one_group(std::move(params)), o) {}
 };
 
-class AdamW final : public AdamBase<true> {
+template <Device D>
+class BasicAdamW final : public BasicAdamRule<D, true> {
  public:
-  AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
-      : AdamBase(std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}) {}
-  AdamW(std::vector<Param> params, AdamWOptions o) : AdamW(one_group(std::move(params)), o) {}
+  BasicAdamW(std::vector<BasicParamGroup<D>> groups, AdamWOptions o)
+      : BasicAdamRule<D, true>(std::move(groups), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}) {}
+  BasicAdamW(std::vector<BasicParam<D>> params, AdamWOptions o) : BasicAdamW(BasicOptimizer<D>::one_group(std::move(params)), o) {}
 };
+
+using Adam = BasicAdam<cpu>;
+using AdamW = BasicAdamW<cpu>;
 
 }  // namespace tg::optim

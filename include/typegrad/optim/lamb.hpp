@@ -1,9 +1,9 @@
-// LAMB: Adam's direction with decoupled weight decay, scaled per tensor by a trust ratio (You et al. 2019).
+// LAMB: Adam's direction with decoupled weight decay, scaled per tensor by a trust ratio (You et al. 2019), on
+// any device: BasicLamb<D>; Lamb is the CPU's.
 //   tg::optim::Lamb opt(tg::optim::default_groups(params, 0.01f), {.lr = 2e-3f});
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
 
-#include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -26,20 +26,27 @@ struct LambOptions {
 //   p   = p − η·r·u
 // The kernel makes two passes (the trust ratio needs ‖u‖ before any element moves): the first updates
 // m, v and the norms, the second recomputes u and applies it. State: "<name>.exp_avg", "<name>.exp_avg_sq".
-/// The state kept for a parameter of `shape` (Lamb and DeviceLamb).
+/// The state kept for a parameter of `shape`.
 inline std::vector<SlotSpec> lamb_slots(const Shape& shape) { return {{"exp_avg", shape}, {"exp_avg_sq", shape}}; }
-/// The constructor checks shared by Lamb and DeviceLamb.
+/// The constructor checks of Lamb.
 inline void check_lamb_options(const LambOptions& o, const char* who) {
   TG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, who, ": betas must be in [0, 1), got ",
            o.beta1, ", ", o.beta2);
 }
 
-class Lamb final : public Optimizer {
+/// LAMB on device D: one lamb_step_multi call per run of parameters sharing (lr, weight decay, step count)
+/// (Note [device optimizers]).
+template <Device D>
+class BasicLamb final : public BasicOptimizer<D> {
+  using Base = BasicOptimizer<D>;
+  using typename Base::Update;
+
  public:
-  Lamb(std::vector<ParamGroup> groups, LambOptions o) : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
+  BasicLamb(std::vector<BasicParamGroup<D>> groups, LambOptions o)
+      : Base(std::move(groups), o.lr, o.weight_decay, "Lamb"), o_(o) {
     check_lamb_options(o, "Lamb");
   }
-  Lamb(std::vector<Param> params, LambOptions o) : Lamb(one_group(std::move(params)), o) {}
+  BasicLamb(std::vector<BasicParam<D>> params, LambOptions o) : BasicLamb(Base::one_group(std::move(params)), o) {}
   const char* name() const override { return "Lamb"; }
   /// The trust ratio of the last update of the named parameter (0 before its first update).
   double last_trust_ratio(const std::string& param) const {
@@ -48,25 +55,37 @@ class Lamb final : public Optimizer {
   }
 
  protected:
-  std::vector<SlotSpec> slots(const Param& p) const override { return lamb_slots(p.tensor.shape()); }
-  void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
-    backend::cpu::LambScalars s;
-    s.lr = g.lr;
-    s.beta1 = o_.beta1;
-    s.beta2 = o_.beta2;
-    s.eps = o_.eps;
-    s.weight_decay = g.weight_decay;
-    s.step = st.step;
-    const double r = backend::cpu::lamb_step<fp32>(p.tensor.data(), grad.data(), st.slots[0].data(),
-                                                   st.slots[1].data(), p.tensor.numel(), s);
-    auto it = trust_.find(p.name);  // the node exists after the first step: no allocation afterwards
-    if (it == trust_.end()) trust_.emplace(p.name, r);
-    else it->second = r;
+  std::vector<SlotSpec> slots(const Shape& shape) const override { return lamb_slots(shape); }
+  void update(std::span<Update> ready) override {
+    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step()); },
+                       [&](std::span<Update> run) {
+                         backend::LambScalars s;
+                         s.lr = run[0].lr();
+                         s.beta1 = o_.beta1;
+                         s.beta2 = o_.beta2;
+                         s.eps = o_.eps;
+                         s.weight_decay = run[0].weight_decay();
+                         s.step = run[0].step();
+                         tensors_.clear();
+                         for (const Update& u : run) tensors_.push_back({u.p(), u.g(), u.slot(0), u.slot(1), u.numel()});
+                         ratios_.resize(run.size());
+                         TG_BACKEND(D, lamb_step_multi<fp32>(tensors_.data(), static_cast<int>(tensors_.size()), s,
+                                                             ratios_.data()));
+                         for (std::size_t i = 0; i < run.size(); ++i) {
+                           auto it = trust_.find(run[i].param->name);  // exists after the first step: no allocation
+                           if (it == trust_.end()) trust_.emplace(run[i].param->name, ratios_[i]);
+                           else it->second = ratios_[i];
+                         }
+                       });
   }
 
  private:
   LambOptions o_;
+  std::vector<backend::LambTensor<fp32>> tensors_;
+  std::vector<double> ratios_;
   std::map<std::string, double> trust_;
 };
+
+using Lamb = BasicLamb<cpu>;
 
 }  // namespace tg::optim

@@ -1,5 +1,5 @@
-// Everything in typegrad's optim/: parameters and groups, SGD, Adam, AdamW, LAMB, Adafactor, LR schedules,
-// gradient clipping and accumulation, and the device optimizers (DeviceAdam, DeviceSgd, DeviceLamb, DeviceAdafactor).
+// Everything in typegrad's optim/: parameters and groups, the one optimizer hierarchy (BasicOptimizer<D>:
+// SGD, Adam, AdamW, LAMB, Adafactor on any device), LR schedules, gradient clipping and accumulation.
 //   #include <typegrad/optim/optim.hpp>
 //   tg::optim::AdamW opt(tg::optim::default_groups(params, 0.1f), {.lr = 6e-4f});  tg::optim::GradAccum<8> accum;
 #pragma once
@@ -13,8 +13,3 @@
 #include "typegrad/optim/schedule.hpp"
 #include "typegrad/optim/clip.hpp"
 #include "typegrad/optim/grad_accum.hpp"
-#include "typegrad/optim/device_optimizer.hpp"
-#include "typegrad/optim/device_adam.hpp"
-#include "typegrad/optim/device_sgd.hpp"
-#include "typegrad/optim/device_lamb.hpp"
-#include "typegrad/optim/device_adafactor.hpp"

@@ -1,6 +1,7 @@
 // Named trainable parameters (fp32 master weights) and parameter groups for the optimizers.
 //   std::vector<tg::optim::Param> ps{tg::optim::Param("h.0.mlp.c_fc.weight", w), tg::optim::Param("h.0.mlp.c_fc.bias", b)};
 //   auto groups = tg::optim::default_groups(ps, /*weight_decay=*/0.1f);   // {decay: [weight], no_decay: [bias]}
+//   auto gpu_groups = tg::optim::default_groups(gpu_model.named_parameters(), 0.1f);  // the same on the GPU
 #pragma once
 
 #include <optional>
@@ -17,7 +18,7 @@ namespace tg::optim {
 
 /// A parameter: its GPT-2 style name ("h.3.attn.c_attn.weight") and an fp32 leaf on device D that requires
 /// grad. The tensor is shared with the model (same storage and autograd meta): the optimizer updates it in
-/// place. `Param` is the CPU form every optimizer takes; BasicParam<cuda> is a model's parameter on the GPU.
+/// place. `Param` is the CPU form; BasicParam<cuda> is a model's parameter on the GPU (BasicOptimizer<cuda>'s).
 template <Device D>
 struct BasicParam {
   std::string name;
@@ -35,13 +36,15 @@ struct BasicParam {
 };
 using Param = BasicParam<cpu>;
 
-/// Parameters sharing hyperparameters. `lr_scale` multiplies the optimizer's lr (set_lr sets every group's
-/// lr to lr·lr_scale); `weight_decay` overrides the optimizer's default when set.
-struct ParamGroup {
-  std::vector<Param> params;
+/// Parameters on device D sharing hyperparameters. `lr_scale` multiplies the optimizer's lr (set_lr sets every
+/// group's lr to lr·lr_scale); `weight_decay` overrides the optimizer's default when set.
+template <Device D>
+struct BasicParamGroup {
+  std::vector<BasicParam<D>> params;
   float lr_scale = 1.f;
   std::optional<float> weight_decay;
 };
+using ParamGroup = BasicParamGroup<cpu>;
 
 namespace detail {
 inline std::vector<std::string_view> split_dots(std::string_view s) {
@@ -73,12 +76,17 @@ bool is_no_decay(const BasicParam<D>& p) {
   return p.tensor.dim() < 2;
 }
 
-/// {decay group (weight_decay), no-decay group (0)} by Note [which parameters decay]; empty groups are kept
-/// so the indices are fixed: groups[0] decays, groups[1] does not.
-inline std::vector<ParamGroup> default_groups(const std::vector<Param>& params, float weight_decay) {
-  ParamGroup decay{{}, 1.f, weight_decay}, no_decay{{}, 1.f, 0.f};
-  for (const Param& p : params) (is_no_decay(p) ? no_decay : decay).params.push_back(p);
+/// {decay group (weight_decay), no-decay group (0)} by Note [which parameters decay], on any device; empty
+/// groups are kept so the indices are fixed: groups[0] decays, groups[1] does not.
+template <Device D>
+std::vector<BasicParamGroup<D>> default_groups(const std::vector<BasicParam<D>>& params, float weight_decay) {
+  BasicParamGroup<D> decay{{}, 1.f, weight_decay}, no_decay{{}, 1.f, 0.f};
+  for (const BasicParam<D>& p : params) (is_no_decay(p) ? no_decay : decay).params.push_back(p);
   return {std::move(decay), std::move(no_decay)};
+}
+/// The CPU form, for a braced list of parameters.
+inline std::vector<ParamGroup> default_groups(const std::vector<Param>& params, float weight_decay) {
+  return default_groups<cpu>(params, weight_decay);
 }
 
 }  // namespace tg::optim

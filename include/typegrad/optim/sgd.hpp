@@ -1,9 +1,9 @@
-// Stochastic gradient descent with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD).
+// Stochastic gradient descent with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD), on
+// any device: BasicSgd<D>; Sgd is the CPU's.
 //   tg::optim::Sgd opt(params, {.lr = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-4f});
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
 
-#include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -25,12 +25,12 @@ struct SgdOptions {
 //   d   = d + μ·b_t  (Nesterov)  or  d = b_t
 //   p   = p − η·d                                   (η = lr)
 // State: "<name>.momentum_buffer" when μ ≠ 0. Nesterov needs μ > 0 and τ = 0 (checked, as PyTorch does).
-/// The state kept for a parameter of `shape` (Sgd and DeviceSgd): the momentum buffer when μ ≠ 0.
+/// The state kept for a parameter of `shape`: the momentum buffer when μ ≠ 0.
 inline std::vector<SlotSpec> sgd_slots(const SgdOptions& o, const Shape& shape) {
   if (o.momentum == 0.f) return {};
   return {{"momentum_buffer", shape}};
 }
-/// The constructor checks shared by Sgd and DeviceSgd.
+/// The constructor checks of Sgd.
 inline void check_sgd_options(const SgdOptions& o, const char* who) {
   TG_CHECK(o.lr >= 0, who, ": lr must be >= 0, got ", o.lr);
   TG_CHECK(o.momentum >= 0, who, ": momentum must be >= 0, got ", o.momentum);
@@ -39,31 +39,48 @@ inline void check_sgd_options(const SgdOptions& o, const char* who) {
            o.dampening);
 }
 
-class Sgd final : public Optimizer {
+/// torch.optim.SGD on device D: one sgd_step_multi call per run of parameters sharing (lr, weight decay,
+/// first step) (Note [device optimizers]).
+template <Device D>
+class BasicSgd final : public BasicOptimizer<D> {
+  using Base = BasicOptimizer<D>;
+  using typename Base::Update;
+
  public:
-  Sgd(std::vector<ParamGroup> groups, SgdOptions o) : Optimizer(std::move(groups), o.lr, o.weight_decay), o_(o) {
+  BasicSgd(std::vector<BasicParamGroup<D>> groups, SgdOptions o)
+      : Base(std::move(groups), o.lr, o.weight_decay, "Sgd"), o_(o) {
     check_sgd_options(o, "Sgd");
   }
-  Sgd(std::vector<Param> params, SgdOptions o) : Sgd(one_group(std::move(params)), o) {}
+  BasicSgd(std::vector<BasicParam<D>> params, SgdOptions o) : BasicSgd(Base::one_group(std::move(params)), o) {}
   const char* name() const override { return "Sgd"; }
   const SgdOptions& options() const { return o_; }
 
  protected:
-  std::vector<SlotSpec> slots(const Param& p) const override { return sgd_slots(o_, p.tensor.shape()); }
-  void update(Group& g, const Param& p, const Tensor<fp32>& grad, State& st) override {
-    backend::cpu::SgdScalars s;
-    s.lr = g.lr;
-    s.momentum = o_.momentum;
-    s.dampening = o_.dampening;
-    s.weight_decay = g.weight_decay;
-    s.nesterov = o_.nesterov;
-    s.first_step = st.step == 1;
-    backend::cpu::sgd_step<fp32>(p.tensor.data(), grad.data(), st.slots.empty() ? nullptr : st.slots[0].data(),
-                                 p.tensor.numel(), s);
+  std::vector<SlotSpec> slots(const Shape& shape) const override { return sgd_slots(o_, shape); }
+  void update(std::span<Update> ready) override {
+    // The momentum buffer starts as the first step's d: first steps are their own call.
+    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step() == 1); },
+                       [&](std::span<Update> run) {
+                         backend::SgdScalars s;
+                         s.lr = run[0].lr();
+                         s.momentum = o_.momentum;
+                         s.dampening = o_.dampening;
+                         s.weight_decay = run[0].weight_decay();
+                         s.nesterov = o_.nesterov;
+                         s.first_step = run[0].step() == 1;
+                         const bool momentum = o_.momentum != 0.f;
+                         tensors_.clear();
+                         for (const Update& u : run)
+                           tensors_.push_back({u.p(), u.g(), momentum ? u.slot(0) : nullptr, u.numel()});
+                         TG_BACKEND(D, sgd_step_multi<fp32>(tensors_.data(), static_cast<int>(tensors_.size()), s));
+                       });
   }
 
  private:
   SgdOptions o_;
+  std::vector<backend::SgdTensor<fp32>> tensors_;
 };
+
+using Sgd = BasicSgd<cpu>;
 
 }  // namespace tg::optim

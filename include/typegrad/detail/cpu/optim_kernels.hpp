@@ -1,9 +1,7 @@
-// The CPU backend's fused optimizer kernels (backends/cpu/optim.cpp): one pass per tensor over contiguous
-// buffers, OpenMP-parallel, explicitly instantiated for fp32 (and fp64 for checks). The kernels both devices
-// have (SGD, LAMB, Adafactor) and the scalar structs are declared in detail/kernels/optim.hpp; Adam's and the
-// norms' CPU kernels here.
+// The CPU backend's per-tensor Adam kernel (backends/cpu/optim.cpp), explicitly instantiated for fp32 (and
+// fp64 for checks). Every other optimizer kernel, per-tensor and multi-tensor, is declared once for both
+// devices in detail/kernels/optim.hpp; the optimizers call adam_step_multi, this is its one-tensor case.
 //   tg::backend::cpu::adam_step<float>(p, g, m, v, n, tg::backend::cpu::AdamScalars{...});
-//   double ss = tg::backend::cpu::sum_squares<float>(g, n);          // fp64 accumulation
 #pragma once
 
 #include <cstdint>
@@ -20,13 +18,15 @@ using backend::lamb_trust_ratio;
 using backend::LambScalars;
 using backend::SgdScalars;
 
-/// sum_i x[i]^2 in fp64.
+/// Σ x² over n elements, accumulated in fp64 (one read of x: the CPU's global-norm clipping).
 template <class T>
 double sum_squares(const T* x, std::int64_t n);
-/// x[i] *= s.
+/// x *= s in place, s rounded once to T.
 template <class T>
 void scale_inplace(T* x, std::int64_t n, double s);
-/// Adam / AdamW for one tensor (Note [Adam update]); the GPU runs adam_step_multi.
+
+/// Adam / AdamW for one tensor (Note [Adam update]): math::adam_update over the elements, as the CUDA
+/// multi-tensor kernel runs it.
 template <class T>
 void adam_step(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars& s);
 

@@ -31,6 +31,21 @@
 // times, each where it must be: the list, the CPU definition and the CUDA definition.
 // Ops dispatch with TG_BACKEND(D, name<T>(args...)): an `if constexpr` on the device tag, an expression
 // whose value is the kernel's result (Note [backend dispatch]).
+//
+// Where the list lives. The original op families keep theirs in detail/kernels/<family>.hpp. An op added
+// through the one-op path (docs/adding-an-op.md: rope, swiglu) keeps its list in its own op header,
+// ops/<op>.hpp, in a kernel section at the top: the list, TG_DECLARE_KERNELS, its autocast rule
+// (TG_AUTOCAST_RULE, amp/rule.hpp) and any scalar math both backends share (TG_HOST_DEVICE functions).
+// Everything that needs tensors and autodiff (the op itself) follows inside
+//   #ifndef TG_KERNELS_ONLY ... #endif
+// and a kernel file, backends/cpu/<op>.cpp or backends/cuda/<op>.cu, starts with
+//   #define TG_KERNELS_ONLY
+//   #include "typegrad/ops/<op>.hpp"
+// so it sees only the kernel section: the backends stay raw pointers and shapes (no Tensor, no tape) and
+// nvcc never parses the autodiff headers (an edit of the op's forward or backward still rebuilds the kernel
+// files, but their preprocessed text is unchanged, so ccache answers them).
+// (The op header is #pragma once: a kernel file defines TG_KERNELS_ONLY before its first include of it.
+// Users and tests include the header plainly and get both sections.)
 
 namespace tg::backend {
 /// Thrown by every CUDA entry point of a build without the CUDA backend.

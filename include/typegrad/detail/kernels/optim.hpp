@@ -1,6 +1,9 @@
-// Per-tensor optimizer kernels shared by the devices, declared once (Note [kernels declared once]), with
-// their scalar structs and the host-side helpers both backends use. Defined in backends/cpu/optim.cpp (fp32
-// and fp64) and backends/cuda/optim_tensor.cu (fp32): one pass per tensor over contiguous buffers.
+// Optimizer kernels shared by the devices, declared once (Note [kernels declared once]), with their scalar
+// structs and the host-side helpers both backends use: per-tensor kernels (one pass per tensor over
+// contiguous buffers; backends/cpu/optim.cpp for fp32 and fp64, backends/cuda/optim_tensor.cu for fp32) and
+// the multi-tensor steps every optimizer of optim/ calls (one call per group of tensors sharing the scalars:
+// one launch, or a fixed few, for the whole group on CUDA, backends/cuda/optim.cu and optim_tensor.cu; the
+// per-tensor kernels in a loop on the CPU, backends/cpu/optim.cpp).
 #pragma once
 
 #include <algorithm>
@@ -58,6 +61,40 @@ inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum
   return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
 }
 
+/// One parameter of a multi-tensor step: contiguous buffers of n elements on the kernel's device.
+template <class T>
+struct AdamTensor {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  std::int64_t n;
+};
+/// One parameter of a multi-tensor SGD step; `buf` (the momentum buffer) may be null without momentum.
+template <class T>
+struct SgdTensor {
+  T* p;
+  const T* g;
+  T* buf;
+  std::int64_t n;
+};
+/// One parameter of a multi-tensor LAMB step (m, v: its moments).
+template <class T>
+using LambTensor = AdamTensor<T>;
+/// One parameter of a multi-tensor Adafactor step, viewed as [rows, cols] (adafactor_rows / _cols). A
+/// factored one has r (rows entries) and c (cols entries) and v == nullptr; a full one has v (rows·cols
+/// entries) and r == c == nullptr. m (the first moment) may be null when beta1 == 0.
+template <class T>
+struct AdafactorTensor {
+  T* p;
+  const T* g;
+  T* r;
+  T* c;
+  T* v;
+  T* m;
+  std::int64_t rows, cols;
+};
+
 }  // namespace tg::backend
 
 // sgd_step:                torch.optim.SGD for one tensor; `buf` may be null when momentum == 0.
@@ -66,3 +103,19 @@ inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum
 // adafactor_step_full:     full second moment v (vectors and scalars).
 #define TG_KERNELS_OPTIM(K, ...)                                                                                     K(void, sgd_step, (T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s), __VA_ARGS__)                   K(double, lamb_step, (T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s), __VA_ARGS__)            K(void, adafactor_step_factored, (T* p, const T* g, T* r, T* c, T* m, std::int64_t rows, std::int64_t cols,                                         const AdafactorScalars& s), __VA_ARGS__)                                         K(void, adafactor_step_full, (T* p, const T* g, T* v, T* m, std::int64_t n, const AdafactorScalars& s),             __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_OPTIM)
+
+// The multi-tensor steps: `count` tensors sharing one set of scalars (Note [optimizer state]: one parameter
+// group's lr and weight decay, one step count). Each element runs the per-tensor kernels' formula
+// (detail/math.hpp's element functions), so a multi-tensor step equals its tensors' per-tensor steps.
+// adam_step_multi:      Adam / AdamW (Note [Adam update]).
+// sgd_step_multi:       torch.optim.SGD; every buf must be set when momentum != 0.
+// lamb_step_multi:      LAMB; writes each tensor's trust ratio to trust_ratios (host memory, count entries)
+//                       when it is not null. CUDA: two launches and one read-back of per-chunk fp64 sums.
+// adafactor_step_multi: Adafactor, factored or full per tensor. CUDA: six launches and one read-back.
+#define TG_KERNELS_OPTIM_MULTI(K, ...)                                                                              \
+  K(void, adam_step_multi, (const AdamTensor<T>* tensors, int count, const AdamScalars& s), __VA_ARGS__)              \
+  K(void, sgd_step_multi, (const SgdTensor<T>* tensors, int count, const SgdScalars& s), __VA_ARGS__)                 \
+  K(void, lamb_step_multi, (const LambTensor<T>* tensors, int count, const LambScalars& s, double* trust_ratios),     \
+    __VA_ARGS__)                                                                                                     \
+  K(void, adafactor_step_multi, (const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& s), __VA_ARGS__)
+TG_DECLARE_KERNELS(TG_KERNELS_OPTIM_MULTI)

@@ -1,6 +1,7 @@
-// optim::DeviceAdam (the GPU trainer's optimizer) on the CPU, where it runs the same code as on CUDA except
-// for the element kernel: it must match optim::AdamW / optim::Adam bit for bit, exchange state with them
-// under the same names, clip like clip_grad_norm, and drive GradAccumRuntime like the host optimizers.
+// Adam / AdamW's multi-tensor path (Note [device optimizers]: the updates of one step grouped by lr, decay
+// and step count, one adam_step_multi call per run; the code the GPU runs except for the element kernel)
+// against the same optimizer over one group per parameter: bit for bit, the same state under the same
+// names, clipping like clip_grad_norm over a list of parameters, and GradAccumRuntime driven the same way.
 // The CUDA side is tests/cuda/test_cuda_train.cpp.
 #include <gtest/gtest.h>
 
@@ -25,6 +26,13 @@ std::vector<tg::optim::Param> three_params(std::uint64_t seed) {
   return {make_param("h.0.mlp.c_fc.weight", {5, 7}, seed), make_param("h.0.mlp.c_fc.bias", {5}, seed + 1),
           make_param("h.0.ln_1.weight", {7}, seed + 2)};
 }
+/// One group per parameter, each with its Note [which parameters decay] weight decay: every update is its
+/// own adam_step_multi run where default_groups puts several in one.
+std::vector<tg::optim::ParamGroup> group_per_param(const std::vector<tg::optim::Param>& ps, float wd) {
+  std::vector<tg::optim::ParamGroup> out;
+  for (const auto& p : ps) out.push_back({{p}, 1.f, tg::optim::is_no_decay(p) ? 0.f : wd});
+  return out;
+}
 std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::NamedTensor>& state) {
   std::map<std::string, std::vector<float>> out;
   for (const auto& e : state) out[e.name] = e.tensor.to_vector();
@@ -34,11 +42,16 @@ std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::N
 void expect_same_adam(bool decoupled) {
   const tg::optim::AdamWOptions o{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   auto ref_params = three_params(1), dev_params = three_params(1);
-  std::unique_ptr<tg::optim::Optimizer> ref;
-  if (decoupled) ref = std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(ref_params, o.weight_decay), o);
-  else ref = std::make_unique<tg::optim::Adam>(tg::optim::default_groups(ref_params, o.weight_decay),
-                                               tg::optim::AdamOptions{o.lr, o.beta1, o.beta2, o.eps, 0.f});
-  tg::optim::DeviceAdam<tg::cpu> dev(dev_params, o, decoupled);
+  std::unique_ptr<tg::optim::Optimizer> ref, dev_ptr;
+  const tg::optim::AdamOptions l2{o.lr, o.beta1, o.beta2, o.eps, 0.f};
+  if (decoupled) {
+    ref = std::make_unique<tg::optim::AdamW>(group_per_param(ref_params, o.weight_decay), o);
+    dev_ptr = std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(dev_params, o.weight_decay), o);
+  } else {
+    ref = std::make_unique<tg::optim::Adam>(group_per_param(ref_params, o.weight_decay), l2);
+    dev_ptr = std::make_unique<tg::optim::Adam>(tg::optim::default_groups(dev_params, o.weight_decay), l2);
+  }
+  tg::optim::Optimizer& dev = *dev_ptr;
   for (int step = 0; step < 4; ++step) {
     for (std::size_t i = 0; i < ref_params.size(); ++i) {
       if (step == 1 && i == 2) continue;  // no gradient: skipped, its step count lags the others
@@ -59,23 +72,23 @@ void expect_same_adam(bool decoupled) {
   EXPECT_EQ(by_name(dev.state_tensors()).at("h.0.ln_1.weight.step"), std::vector<float>{3.f});
 }
 
-TEST(DeviceAdamCpu, MatchesAdamWBitForBit) { expect_same_adam(true); }
-TEST(DeviceAdamCpu, MatchesAdamWithL2DecayBitForBit) { expect_same_adam(false); }
+TEST(AdamMultiTensor, MatchesAdamWPerTensorBitForBit) { expect_same_adam(true); }
+TEST(AdamMultiTensor, MatchesAdamWithL2DecayPerTensorBitForBit) { expect_same_adam(false); }
 
-TEST(DeviceAdamCpu, StateMovesBetweenItAndTheHostOptimizer) {
+TEST(AdamMultiTensor, StateMovesBetweenGroupLayouts) {
   const tg::optim::AdamWOptions o{.lr = 1e-2f, .weight_decay = 0.1f};
   auto a_params = three_params(3), b_params = three_params(3);
-  tg::optim::DeviceAdam<tg::cpu> a(a_params, o);
-  tg::optim::AdamW host(tg::optim::default_groups(b_params, o.weight_decay), o);
+  tg::optim::AdamW a(tg::optim::default_groups(a_params, o.weight_decay), o);
+  tg::optim::AdamW host(group_per_param(b_params, o.weight_decay), o);
   for (int step = 0; step < 2; ++step) {
     for (auto& p : a_params) set_grad(p, random_like(p, 7 + step));
     a.step();
     a.zero_grad();
   }
-  host.load_state(a.state_tensors());  // as the trainer does before a checkpoint
+  host.load_state(a.state_tensors());  // state names do not depend on the groups
   EXPECT_EQ(by_name(host.state_tensors()), by_name(a.state_tensors()));
-  tg::optim::DeviceAdam<tg::cpu> c(b_params, o);
-  c.load_state(host.state_tensors());  // as the trainer does after --resume
+  tg::optim::AdamW c(tg::optim::default_groups(b_params, o.weight_decay), o);
+  c.load_state(host.state_tensors());  // as a resume does
   EXPECT_EQ(by_name(c.state_tensors()), by_name(a.state_tensors()));
   EXPECT_EQ(c.step_count(), 2);
 
@@ -96,14 +109,14 @@ TEST(DeviceAdamCpu, StateMovesBetweenItAndTheHostOptimizer) {
   EXPECT_THROW(c.load_state(misshapen), tg::Error);
 }
 
-TEST(DeviceAdamCpu, ClippingMatchesClipGradNorm) {
+TEST(AdamMultiTensor, ClippingTheOptimizerMatchesClippingItsParameters) {
   for (double max_norm : {0.5, 1e6}) {
     auto a = three_params(5), b = three_params(5);
     for (std::size_t i = 0; i < a.size(); ++i) {
       set_grad(a[i], random_like(a[i], 50 + i, 3.f));
       set_grad(b[i], random_like(b[i], 50 + i, 3.f));
     }
-    tg::optim::DeviceAdam<tg::cpu> opt(a, {});
+    tg::optim::AdamW opt(tg::optim::default_groups(a, 0.1f), {});
     const double na = tg::optim::clip_grad_norm(opt, max_norm);
     const double nb = tg::optim::clip_grad_norm(std::span<const tg::optim::Param>(b), max_norm);
     EXPECT_NEAR(na, nb, 1e-12 * nb);
@@ -112,13 +125,13 @@ TEST(DeviceAdamCpu, ClippingMatchesClipGradNorm) {
   }
 }
 
-// fp16's loss scaler on a DeviceAdam (amp::detail::unscale_grads, generic over the optimizer): the same
-// unscaled step as with AdamW, and the same skip (nothing changes, the scale halves) on an inf gradient.
-TEST(DeviceAdamCpu, DynamicScalerUnscalesAndSkipsLikeWithAdamW) {
+// fp16's loss scaler (amp::detail::unscale_grads, generic over the optimizer) on the multi-tensor path: the
+// same unscaled step as per tensor, and the same skip (nothing changes, the scale halves) on an inf gradient.
+TEST(AdamMultiTensor, DynamicScalerUnscalesAndSkipsLikePerTensor) {
   const tg::optim::AdamWOptions o{.lr = 1e-2f, .weight_decay = 0.1f};
   auto ref_params = three_params(21), dev_params = three_params(21);
-  tg::optim::AdamW ref(tg::optim::default_groups(ref_params, o.weight_decay), o);
-  tg::optim::DeviceAdam<tg::cpu> dev(dev_params, o);
+  tg::optim::AdamW ref(group_per_param(ref_params, o.weight_decay), o);
+  tg::optim::AdamW dev(tg::optim::default_groups(dev_params, o.weight_decay), o);
   tg::amp::DynamicScaler ref_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0}),
       dev_scaler(tg::amp::DynamicScalerOptions{.init_scale = 1024.0});
   tg::optim::Schedule ref_sched = tg::optim::Constant{1e-2f}, dev_sched = tg::optim::Constant{1e-2f};
@@ -155,17 +168,16 @@ TEST(CopyParameterValues, CopiesByNameAndRejectsAMismatch) {
   EXPECT_THROW(tg::nn::copy_parameter_values(pa, fewer), tg::Error);
 }
 
-// The GPU trainer's step (DeviceAdam + its clipping through GradAccumRuntime) against the CPU trainer's
-// (AdamW + clip_grad_norm), on a tiny GPT with 2 micro-batches per step: the clipping norms differ by
-// summation order only, so the losses agree to round-off.
-TEST(DeviceAdamCpu, DrivesGradAccumulationLikeAdamW) {
+// The trainer's step (AdamW + clipping through GradAccumRuntime) with the multi-tensor path against the
+// per-tensor one, on a tiny GPT with 2 micro-batches per step: the same losses, norms and weights.
+TEST(AdamMultiTensor, DrivesGradAccumulationLikePerTensor) {
   const auto cfg = tg::nn::GPTConfig{64, 16, 2, 2, 32, 0.f};
   tg::Generator g1(11), g2(11);
   const tg::nn::GPT ref_model(cfg, g1), dev_model(cfg, g2);
   const auto ref_params = ref_model.named_parameters(), dev_params = dev_model.named_parameters();
   const tg::optim::AdamWOptions o{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  tg::optim::AdamW ref_opt(tg::optim::default_groups(ref_params, o.weight_decay), o);
-  tg::optim::DeviceAdam<tg::cpu> dev_opt(dev_params, o);
+  tg::optim::AdamW ref_opt(group_per_param(ref_params, o.weight_decay), o);
+  tg::optim::AdamW dev_opt(tg::optim::default_groups(dev_params, o.weight_decay), o);
   auto schedule = [] { return tg::optim::Schedule(tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 4, 3e-4f})); };
   tg::optim::Schedule ref_sched = schedule(), dev_sched = schedule();
   tg::optim::GradAccumRuntime ref_acc(2), dev_acc(2);

@@ -1,0 +1,157 @@
+// train_gpt's command line: the options of a run, their flags, and the checks made before anything is read
+// or allocated (Note [the trainer's guards]).
+//   train_gpt::Options o;  if (auto code = train_gpt::parse_command_line(argc, argv, o)) return *code;
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <typegrad/data/tokenizer.hpp>
+#include <typegrad/detail/cuda/runtime.hpp>
+
+#include "guards.hpp"
+
+namespace train_gpt {
+
+struct Options {
+  std::string data;         // a text file, a directory of text files or a token file (docs/data.md); "": fortunes
+  std::string tokenizer = "byte";  // byte | bpe:N | gpt2:DIR (docs/tokenizers.md)
+  bool tokenizer_given = false;    // --tokenizer was on the command line (a resumed run otherwise keeps its own)
+  std::string data_export;         // write --data's tokens to this token file and exit
+  std::string model = "tiny";
+  std::int64_t batch = 16;
+  std::int64_t seq = 64;
+  std::int64_t grad_accum = 1;
+  std::int64_t steps = 2000;
+  float lr = 2e-3f;
+  float min_lr = -1.f;  // default: lr / 10
+  std::int64_t warmup = 50;
+  std::string schedule = "cosine";
+  std::string optimizer = "adamw";
+  float weight_decay = 0.1f;
+  double clip = 1.0;
+  std::uint64_t seed = 1337;
+  int threads = 0;
+  std::int64_t eval_every = 250;
+  std::int64_t eval_batches = 8;
+  std::int64_t sample_every = 0;
+  std::int64_t sample_tokens = 200;
+  float temperature = 0.8f;
+  std::int64_t top_k = 40;
+  double top_p = 1.0;
+  float dropout = 0.0f;
+  double val_fraction = 0.1;
+  std::string log;
+  std::string prompt = "\n";
+  // checkpoints (docs/checkpoints.md)
+  std::string save_dir;
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t keep = 3;
+  std::string resume;     // a checkpoint file, or a directory (its latest)
+  std::string init_from;  // weights only (safetensors)
+  std::string checkpoint = "none";
+  std::string precision = "fp32";
+  std::string device = "cpu";
+  // guards (Note [the trainer's guards])
+  bool share_save_dir = false;           // a fresh run may write beside another run's checkpoints
+  bool resume_fallback = false;          // --resume DIR: fall back to the newest intact checkpoint
+  bool allow_nonfinite_weights = false;  // load weights holding NaN / inf
+  std::string on_nonfinite = "stop";     // stop | skip (Note [non-finite steps without a scaler])
+  std::string log_errors = "stop";       // stop | warn
+  std::string run_id;                    // filled by run_policy (Note [runs own their checkpoints])
+  std::string model_json;                // filled by run_policy: the model's shape, saved in checkpoints (generate reads it)
+  std::string tokenizer_json;            // filled by run_policy: the tokenizer, saved in checkpoints
+  std::string plot;                      // a .png or .svg drawn from --log at the end (scripts/plot_log.py)
+};
+
+/// Parses and checks the command line into `o`. Returns the exit code when the process should end now (--help:
+/// 0; a bad flag or value: 2, after one line on stderr), nothing when the run should start.
+inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) {
+  std::string seed_text = std::to_string(o.seed);
+  CLI::App app{"train_gpt: train a GPT language model on a text file with typegrad"};
+  // Numbers are range-checked after parsing, by validate_options (Note [the trainer's guards]).
+  app.add_option("--data", o.data, "a text file, a directory of text files, or a token file (--data-export) to train on "
+                                   "(default: the English fortunes under /usr/share/games/fortunes)");
+  CLI::Option* tokenizer_flag = app.add_option("--tokenizer", o.tokenizer, "byte; bpe:N (a byte-level BPE of N tokens trained on --data, cached); "
+                                               "or gpt2:DIR (GPT-2's DIR/vocab.json and DIR/merges.txt). A resumed run keeps its own");
+  app.add_option("--data-export", o.data_export, "write --data's tokens (with --tokenizer) to this token file and exit");
+  app.add_option("--model", o.model, "model preset")->check(CLI::IsMember({"tiny", "small", "gpt2"}));
+  app.add_option("--batch", o.batch, "sequences per micro-batch");
+  app.add_option("--seq", o.seq, "tokens per sequence");
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
+  app.add_option("--steps", o.steps, "optimizer steps");
+  app.add_option("--lr", o.lr, "peak learning rate");
+  CLI::Option* min_lr_flag = app.add_option("--min-lr", o.min_lr, "final learning rate of the decay (default lr/10; at most --lr)");
+  CLI::Option* warmup_flag = app.add_option("--warmup", o.warmup, "linear warmup steps (default: 50, at most a tenth of --steps)");
+  app.add_option("--schedule", o.schedule, "learning-rate decay")->check(CLI::IsMember({"cosine", "linear", "constant", "invsqrt"}));
+  app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"adamw", "adam", "sgd", "lamb", "adafactor"}));
+  app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (matrices only)");
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)");
+  app.add_option("--seed", seed_text, "seed for initialization, sampling and data order (0 to 2^64-1)");
+  app.add_option("--threads", o.threads, "OpenMP threads (0: every CPU this process may use, within its cgroup's CPU quota)");
+  app.add_option("--eval-every", o.eval_every, "validation every N steps (0: only at the end)");
+  app.add_option("--eval-batches", o.eval_batches, "validation batches per evaluation");
+  app.add_option("--sample-every", o.sample_every, "print a generated sample every N steps (0: only at the end)");
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to generate in the final sample");
+  app.add_option("--temperature", o.temperature, "sampling temperature");
+  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
+  app.add_option("--top-p", o.top_p, "sample from the smallest set of likeliest tokens holding this probability (1: all)");
+  app.add_option("--dropout", o.dropout, "dropout probability, in [0, 1)");
+  app.add_option("--val-fraction", o.val_fraction, "fraction of the corpus held out for validation, in [0.001, 0.5]");
+  app.add_option("--prompt", o.prompt, "text the samples start from");
+  app.add_option("--checkpoint", o.checkpoint, "activation checkpointing of the blocks: none, selective (keep GEMM outputs) or blocks (recompute each block)")
+      ->check(CLI::IsMember({"none", "selective", "blocks"}));
+  app.add_option("--log", o.log, "write one JSON line per step to this file (a resumed run continues it)");
+  app.add_option("--plot", o.plot, "at the end, draw --log into this .png or .svg (train/validation loss, lr, tokens/s; needs python3-matplotlib)");
+  app.add_option("--log-errors", o.log_errors, "a failed log write: stop the run (default) or warn and train on")
+      ->check(CLI::IsMember({"stop", "warn"}));
+  app.add_option("--save-dir", o.save_dir, "write training checkpoints (ckpt-<step>.safetensors) to this directory");
+  app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; needs --save-dir)");
+  app.add_option("--keep", o.keep, "keep this run's newest N checkpoints (0: all)");
+  app.add_flag("--share-save-dir", o.share_save_dir, "let a fresh run write into a --save-dir that holds another run's checkpoints (never deleted)");
+  app.add_option("--resume", o.resume, "continue from a checkpoint file, or from the newest in a directory");
+  app.add_flag("--resume-fallback", o.resume_fallback, "--resume DIR: when the newest checkpoint is damaged, resume from the newest intact one");
+  app.add_option("--init-from", o.init_from, "initialize the weights from a safetensors file (weights only)");
+  app.add_flag("--allow-nonfinite-weights", o.allow_nonfinite_weights, "load --init-from / --resume weights that hold NaN or inf");
+  app.add_option("--on-nonfinite", o.on_nonfinite, "a NaN/inf loss or gradient norm without a loss scaler: stop the run (default) or skip the step")
+      ->check(CLI::IsMember({"stop", "skip"}));
+  app.add_option("--precision", o.precision, "fp32; tf32 (fp32 with TF32 tensor cores for GPU GEMMs); or mixed precision with bf16 / fp16 compute (fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+  app.add_option("--device", o.device, "where to train: cpu, or cuda (the first GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // every input error is one line and exit code 2
+    std::fprintf(stderr, "train_gpt: error: %s (--help lists the flags)\n", e.what());
+    return 2;
+  }
+  try {
+    o.seed = parse_seed(seed_text);
+    o.tokenizer_given = tokenizer_flag->count() > 0;
+    // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
+    if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
+    if (min_lr_flag->count() > 0 && !(o.min_lr >= 0)) throw tg::Error("--min-lr must be a non-negative number, got ", o.min_lr);
+    validate_options(o);
+    tg::data::parse_tokenizer_spec(o.tokenizer);  // a malformed spec before any data is read
+    if (!(o.top_p > 0 && o.top_p <= 1)) throw tg::Error("--top-p must be in (0, 1], got ", o.top_p);
+    if (o.device == "cuda") {  // before any work (Note [training on a GPU])
+      TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",
+               tg::backend::cuda::device_description(), "); train on the CPU with --device cpu");
+    }
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+}  // namespace train_gpt

@@ -1,0 +1,153 @@
+// The training step as one type: the precision policy, its loss scaler and weight copies, gradient
+// accumulation and the activation-checkpointing policy, and the whole step boundary in one place.
+//   tg::train::TrainStep<tg::amp::bf16_mixed, tg::SelectiveRecompute> step(params, opt, schedule, {.clip = 1.0});
+//   const tg::train::StepResult r = step.run(model, [&] { return sampler.next(); }, dropout_gen);   // r.loss, r.lr, ...
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "typegrad/amp/fp32_matmul.hpp"
+#include "typegrad/amp/mixed_precision.hpp"
+#include "typegrad/autodiff/checkpoint.hpp"
+#include "typegrad/optim/grad_accum.hpp"
+#include "typegrad/optim/optimizer.hpp"
+#include "typegrad/optim/schedule.hpp"
+
+namespace tg::train {
+
+// Note [the training step]
+// TrainStep<Policy, Checkpointing, D, Accum, Scaler> is what one optimizer step of a language model is:
+//   for each of the N micro-batches (Accum: GradAccum<N>, or GradAccumRuntime for a CLI's --grad-accum;
+//   one class, Note [gradient accumulation]):
+//     forward in the policy's compute type, reading the per-step weight copies (Note [master weights
+//     and per-step copies]), its blocks under the Checkpointing policy (NoCheckpoint, SelectiveRecompute
+//     or RecomputeAll; Note [checkpoint regions]); the loss in fp32 (Note [autocast rules]);
+//     backward of loss · S/N (S: the scaler's scale, 1 without one);
+//   then the boundary, in this order and nowhere else:
+//     unscale (÷S) -> inf/NaN check (the scaler's, or Note [non-finite steps without a scaler]) ->
+//     clip the global norm -> optimizer step at the schedule's lr -> advance the schedule ->
+//     refresh the weight copies (only when the step was taken).
+// The policy's fp32 GEMM mode (TF32 or IEEE, Note [TF32 by policy]) holds for the step's forward and
+// backward and is restored after it, so evaluation and sampling outside it run the default.
+// run() returns one StepResult: the mean micro-batch loss, the global gradient norm, the lr the update
+// used, the scale the backward used and whether the update was skipped. A run that stops on a
+// non-finite step (OnNonFinite::stop) gets optim::NonFiniteStep from run(), with nothing applied.
+
+/// What one TrainStep::run did.
+struct StepResult {
+  double loss = 0;        ///< mean of the micro-batches' losses (fp32 loss, nats per token)
+  double grad_norm = 0;   ///< the global gradient norm before clipping (0 when neither clipping nor a check measured it)
+  float lr = 0;           ///< the schedule's lr for this step (what the update used, or would have used when skipped)
+  double scale = 1;       ///< the loss scale of this step's backward (1 without a scaler)
+  bool skipped = false;   ///< no update was applied (inf/NaN gradients under a scaler, or OnNonFinite::skip)
+};
+
+/// The settings of a step boundary.
+struct StepOptions {
+  std::optional<double> clip;                                ///< clip the global gradient norm to this
+  optim::OnNonFinite on_non_finite = optim::OnNonFinite::apply;  ///< without a loss scaler (Note [non-finite steps without a scaler])
+};
+
+template <amp::PrecisionPolicy P, ActivationCheckpointing Checkpointing = NoCheckpoint, Device D = cpu,
+          class Accum = optim::GradAccumRuntime, amp::LossScaler Scaler = amp::default_scaler_t<P>>
+class TrainStep {
+ public:
+  using policy = P;
+  using checkpointing = Checkpointing;
+  using device_type = D;
+  using precision_type = amp::MixedPrecision<P, Scaler, D>;
+  using compute_type = typename precision_type::compute_type;
+  using scaler_type = Scaler;
+  using accumulation_type = Accum;
+
+  /// `params`: the model's masters on D; `opt` steps them and `schedule` drives its lr (both watched, not
+  /// owned: they must outlive this object). The weight copies are converted here, from the masters as they
+  /// are now: build the step after loading a checkpoint, or call refresh_weights() after changing them.
+  TrainStep(const std::vector<optim::BasicParam<D>>& params, optim::BasicOptimizer<D>& opt, optim::Schedule& schedule, StepOptions options = {},
+            Accum accum = one_micro_batch(), Scaler scaler = Scaler{})
+      : precision_(params, opt, std::move(scaler)),
+        accum_(std::move(accum)),
+        schedule_(&schedule),
+        options_(options),
+        opt_(&opt) {
+    accum_.on_non_finite(options_.on_non_finite);
+  }
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  /// One optimizer step: accumulation_steps() micro-batches drawn from `next_batch()` (anything with
+  /// `.inputs` and `.targets`, e.g. data::Batch), forward with dropout drawn from `dropout_gen`, then the
+  /// boundary (Note [the training step]).
+  template <class Model, class NextBatch>
+  StepResult run(const Model& model, NextBatch&& next_batch, Generator& dropout_gen) {
+    const MatmulMode matmul_mode;  // Note [TF32 by policy]
+    StepResult r;
+    r.scale = precision_.scaler.scale();
+    r.lr = schedule_->lr();
+    const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
+    for (std::int64_t m = 0; m < n; ++m) {
+      const auto batch = next_batch();
+      const auto loss = precision_.loss(forward(model, batch.inputs, dropout_gen), batch.targets);
+      const double value = static_cast<double>(loss.item());
+      r.loss += value / static_cast<double>(n);
+      accum_.note_loss(value);
+      accum_.scale(loss, precision_.scaler).backward();
+      if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) precision_.after_step(accum_);
+    }
+    r.skipped = accum_.skipped_steps() != skipped_before;
+    r.grad_norm = accum_.last_grad_norm();
+    return r;
+  }
+
+  /// The model's logits in the compute type (training mode), its blocks under the checkpointing policy,
+  /// reading the weight copies: the forward run() makes, for callers that compute their own loss.
+  template <class Model>
+  Tensor<compute_type, D> forward(const Model& model, const Tensor<std::int64_t>& idx, Generator& dropout_gen) const {
+    return precision_.forward(WithCheckpointing<Model>{&model}, idx, dropout_gen, true);
+  }
+
+  /// Micro-batches per optimizer step.
+  std::int64_t accumulation_steps() const { return accum_.n(); }
+  /// Optimizer steps taken (skipped ones not counted), for checkpoints.
+  std::int64_t steps_taken() const { return accum_.steps(); }
+  /// Steps skipped for inf/NaN (by the scaler or under OnNonFinite::skip).
+  std::int64_t steps_skipped() const { return accum_.skipped_steps(); }
+  /// Restores the accumulation position of a checkpoint (between optimizer steps).
+  void restore_steps(std::int64_t steps_taken) { accum_.restore(steps_taken, 0); }
+  /// Re-converts the weight copies from the masters (after loading weights outside an optimizer step).
+  void refresh_weights() { precision_.refresh_weights(); }
+
+  Scaler& scaler() { return precision_.scaler; }
+  const Scaler& scaler() const { return precision_.scaler; }
+  const precision_type& precision() const { return precision_; }
+  const StepOptions& options() const { return options_; }
+
+ private:
+  // The model seen through the checkpointing policy: forward<T>(...) is model.forward<T, Checkpointing>(...).
+  template <class Model>
+  struct WithCheckpointing {
+    const Model* model;
+    template <FloatingElement T>
+    Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& gen, bool training) const {
+      return model->template forward<T, Checkpointing>(idx, gen, training);
+    }
+  };
+  // The policy's fp32 GEMM mode for the step, on a GPU (the CPU's GEMMs have one mode).
+  struct NoMatmulMode {};
+  using MatmulMode = std::conditional_t<std::is_same_v<D, cuda>, amp::Fp32MatmulScope<P>, NoMatmulMode>;
+  static Accum one_micro_batch() {
+    if constexpr (std::is_default_constructible_v<Accum>) return Accum{};
+    else return Accum(1);
+  }
+  precision_type precision_;
+  Accum accum_;
+  optim::Schedule* schedule_;
+  StepOptions options_;
+  optim::BasicOptimizer<D>* opt_;
+};
+
+}  // namespace tg::train
