@@ -16,8 +16,7 @@ constexpr std::int64_t kGrain = 1 << 14;  // elements below which a loop stays o
 constexpr std::int64_t kColBlock = 64;    // Adafactor column sums: columns per thread-local block
 }  // namespace
 
-// One pass: d = g + wd·p; buf = μ·buf + (1-τ)·d (buf = d on the first step); d = nesterov ? d + μ·buf : buf;
-// p -= lr·d.
+// Σ x² in fp64, and x *= s: the CPU's global-norm clipping (optim/clip.hpp), one pass each.
 template <class T>
 double sum_squares(const T* x, std::int64_t n) {
   double acc = 0;
@@ -33,6 +32,8 @@ void scale_inplace(T* x, std::int64_t n, double s) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= sc;
 }
 
+// One pass: d = g + wd·p; buf = μ·buf + (1-τ)·d (buf = d on the first step); d = nesterov ? d + μ·buf : buf;
+// p -= lr·d.
 template <class T>
 void sgd_step(T* p, const T* g, T* buf, std::int64_t n, const SgdScalars& s) {
   const auto c = math::sgd_consts<T>(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first_step);
