@@ -1,12 +1,13 @@
 // Row kernels of the nn ops: softmax / log_softmax, layernorm / rmsnorm, embedding, cross_entropy.
-// Each row of a contiguous [rows, n] block is one OpenMP work item; math in accum_t<T> (fp32 for 16-bit
-// storage), rounded once on store. Column reductions (dweight, dbias, embedding rows) are computed by one
+// Each row of a contiguous [rows, n] block is one OpenMP work item; math in the op's autocast math type
+// (amp::kernel_math_t: fp32 for 16-bit storage), rounded once on store. Column reductions (dweight, dbias, embedding rows) are computed by one
 // thread per output column block, summing rows in order: results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "typegrad/amp/rule.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
 
@@ -34,7 +35,7 @@ A row_max(const T* x, std::int64_t n) {
 // ---- softmax -----------------------------------------------------------------------------------------
 template <class T>
 void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::softmax, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
@@ -69,7 +70,7 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool l
 
 template <class T>
 void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::softmax, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* yr = y + r * n;
@@ -95,7 +96,7 @@ void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::in
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,
                        std::int64_t rows, std::int64_t n, double eps) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::layernorm, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
@@ -120,7 +121,7 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mea
 
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::rmsnorm, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
@@ -139,7 +140,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_
 template <class T>
 void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd, const T* dy, T* dx,
                         T* dw, T* db, std::int64_t rows, std::int64_t n) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::layernorm, T>;  // Note [autocast rules]
   const bool par = rows * n > kParallelMin;
   if (dx) {
 #pragma omp parallel for schedule(static) if (par)
@@ -197,7 +198,7 @@ void embedding_forward(const T* w, const std::int64_t* idx, T* out, std::int64_t
 
 template <class T>
 void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V, std::int64_t C) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::embedding, T>;  // Note [autocast rules]
   // Stable counting sort of positions by index: rows of dw are then independent work items, each summing
   // its occurrences in their original order.
   std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(n));
@@ -233,7 +234,7 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
 template <class T>
 double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, std::int64_t rows,
                              std::int64_t V, std::int64_t ignore_index, std::int64_t* count) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
   std::vector<double> loss(static_cast<std::size_t>(rows));
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -264,7 +265,7 @@ double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum
 template <class T>
 void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, double scale,
                             T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
-  using A = accum_t<T>;
+  using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
   const A sc = static_cast<A>(scale);
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {

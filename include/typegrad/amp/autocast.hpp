@@ -13,52 +13,8 @@
 
 namespace tg::amp {
 
-/// Op tags: the ops the rules name (one per op family of ops/; later ops declare theirs with TG_AUTOCAST_RULE).
-namespace op {
-struct matmul {};
-struct linear {};
-struct linear_gelu {};  // linear_gelu_tanh: the GEMM with its GELU epilogue (the GELU runs on the fp32 sum)
-struct attention {};  // the QKᵀ and PV products; its softmax follows op::softmax
-struct embedding {};
-struct softmax {};
-struct log_softmax {};
-struct layernorm {};
-struct rmsnorm {};
-struct exp {};
-struct log {};
-struct reduce {};        // sum, mean, max over a dim
-struct cross_entropy {};
-struct optimizer {};     // the update math and its state
-struct add {};
-struct sub {};
-struct mul {};
-struct div {};
-struct gelu {};
-struct dropout {};
-}  // namespace op
-
-// Rule, rule_of and TG_AUTOCAST_RULE live in amp/rule.hpp (ops added since declare their rule in their own
-// header: Note [an op declares its autocast rule]); the original ops' rules are these.
-template <> struct rule_of<op::matmul> { static constexpr Rule value = Rule::gemm; };
-template <> struct rule_of<op::linear> { static constexpr Rule value = Rule::gemm; };
-template <> struct rule_of<op::linear_gelu> { static constexpr Rule value = Rule::gemm; };
-template <> struct rule_of<op::attention> { static constexpr Rule value = Rule::gemm; };
-template <> struct rule_of<op::embedding> { static constexpr Rule value = Rule::gemm; };  // a gather of the GEMM-typed copy
-template <> struct rule_of<op::softmax> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::log_softmax> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::layernorm> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::rmsnorm> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::exp> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::log> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::reduce> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::cross_entropy> { static constexpr Rule value = Rule::fp32_math; };
-template <> struct rule_of<op::optimizer> { static constexpr Rule value = Rule::master; };
-template <> struct rule_of<op::add> { static constexpr Rule value = Rule::elementwise; };
-template <> struct rule_of<op::sub> { static constexpr Rule value = Rule::elementwise; };
-template <> struct rule_of<op::mul> { static constexpr Rule value = Rule::elementwise; };
-template <> struct rule_of<op::div> { static constexpr Rule value = Rule::elementwise; };
-template <> struct rule_of<op::gelu> { static constexpr Rule value = Rule::elementwise; };
-template <> struct rule_of<op::dropout> { static constexpr Rule value = Rule::elementwise; };
+// The op tags, the rule families and each op's rule (rule_of) are in amp/rule.hpp, light enough for the
+// kernel files, which take their register type from it (kernel_math_t).
 
 /// Promotion for elementwise ops with operands of types A and B: the wider type when one holds every
 /// value of the other (fp16 ⊂ fp32, bf16 ⊂ fp32, fp32 ⊂ fp64), fp32 for bf16 with fp16 (neither holds the
@@ -76,7 +32,9 @@ using promote_t = typename promote<A, B>::type;
 // Note [autocast rules]
 // autocast<Op, P> has storage_type (the element type of the op's tensors) and math_type (the type its
 // arithmetic runs in). Ops are templates over one storage type T and their kernels compute in
-// accum_t<T> (fp32 for 16-bit storage, Note [GEMM conventions] and the nn row kernels), so "fp32 math"
+// kernel_math_t<Op, T> (amp/rule.hpp: accum_t<T>, fp32 for 16-bit storage, except for `master` ops): the
+// nn row kernels (backends/cpu/nn.cpp), rope and swiglu name their op's rule there, the GEMMs use
+// accum_t<T> (Note [GEMM conventions]), so "fp32 math"
 // for softmax, norms, exp/log, reductions and the loss holds for every storage type: the kernels read
 // 16-bit, compute in fp32 registers and round once on store. The loss is the one fp32_math op whose
 // output is stored in fp32 (cross_entropy_as<fp32>), so loss scaling and logging see it unrounded.
