@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/gpt_test_util.hpp"
+
 #include <typegrad/amp/amp.hpp>
 #include <typegrad/autodiff/checkpoint.hpp>
 #include <typegrad/nn/gpt.hpp>
@@ -39,12 +41,7 @@ tg::nn::GPTConfig small_config(float dropout = 0.1f) {
   return c;
 }
 
-tg::Tensor<std::int64_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint64_t seed) {
-  tg::Generator g(seed);
-  auto t = tg::Tensor<std::int64_t>::empty({B, T});
-  for (std::int64_t i = 0; i < B * T; ++i) t.data()[i] = static_cast<std::int64_t>(g.next_u64() % static_cast<std::uint64_t>(V));
-  return t;
-}
+using tg::testing::random_tokens;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -81,7 +78,7 @@ template <class T, class C>
 GradSnapshot gpt_grads(const tg::nn::GPTConfig& cfg, std::uint64_t dropout_seed = 11) {
   tg::Generator init(7), drop(dropout_seed);
   tg::nn::GPT model(cfg, init);
-  const auto idx = tokens(2, 16, cfg.vocab_size, 1), tgt = tokens(2, 16, cfg.vocab_size, 2);
+  const auto idx = random_tokens(2, 16, cfg.vocab_size, 1), tgt = random_tokens(2, 16, cfg.vocab_size, 2);
   const F loss = tg::cross_entropy(model.forward<T, C>(idx, drop, true).template to<tg::fp32>(), tgt);
   loss.backward();
   return snapshot(model.named_parameters(), loss.item());
@@ -109,7 +106,7 @@ TEST(CheckpointRegion, EvalForwardUnchangedAndNoGradRecordsNothing) {
   const auto cfg = small_config(0.1f);
   tg::Generator init(7);
   tg::nn::GPT model(cfg, init);
-  const auto idx = tokens(2, 16, cfg.vocab_size, 1);
+  const auto idx = random_tokens(2, 16, cfg.vocab_size, 1);
   const auto ref = model.forward<tg::fp32>(idx).to_vector();
   for_each_checkpointing([&]<class C>() {
     tg::Generator unused(0);
@@ -137,7 +134,7 @@ TEST(CheckpointRegion, RegionsRecordOneNodeAndRecomputeInBackward) {
     SCOPED_TRACE(C::name);
     tg::Generator init(7), drop(11);
     tg::nn::GPT model(cfg, init);
-    const auto idx = tokens(2, 16, cfg.vocab_size, 1), tgt = tokens(2, 16, cfg.vocab_size, 2);
+    const auto idx = random_tokens(2, 16, cfg.vocab_size, 1), tgt = random_tokens(2, 16, cfg.vocab_size, 2);
     tg::autodiff::checkpoint_stats() = {};
     const F loss = tg::cross_entropy(model.forward<tg::fp32, C>(idx, drop, true), tgt);
     const auto& st = tg::autodiff::checkpoint_stats();
@@ -175,7 +172,7 @@ MemoryUse gpt_memory() {
   cfg.n_layer = 4;
   tg::Generator init(7), drop(11);
   tg::nn::GPT model(cfg, init);
-  const auto idx = tokens(4, 32, cfg.vocab_size, 1), tgt = tokens(4, 32, cfg.vocab_size, 2);
+  const auto idx = random_tokens(4, 32, cfg.vocab_size, 1), tgt = random_tokens(4, 32, cfg.vocab_size, 2);
   auto& alloc = tg::allocator<tg::cpu>();
   MemoryUse u;
   const std::int64_t base = alloc.stats().bytes_in_use;
@@ -289,7 +286,7 @@ TEST(CheckpointRegion, GradReadyHooksFireAsWithoutCheckpointing) {
         last[i] = g.to_vector();
       });
     }
-    const auto idx = tokens(2, 16, cfg.vocab_size, 1), tgt = tokens(2, 16, cfg.vocab_size, 2);
+    const auto idx = random_tokens(2, 16, cfg.vocab_size, 1), tgt = random_tokens(2, 16, cfg.vocab_size, 2);
     tg::cross_entropy(model.forward<tg::fp32, C>(idx, drop, true), tgt).backward();
     for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(last[i], ps[i].tensor.grad().to_vector())) << ps[i].name;
     for (auto& p : ps) F(p.tensor).autograd_meta()->grad_ready_hooks.clear();
@@ -311,7 +308,7 @@ TEST(CheckpointRegion, ComposesWithGradientAccumulation) {
     tg::optim::Schedule schedule = tg::optim::Constant{1e-2f};
     tg::optim::GradAccum<3> accum;
     for (int micro = 0; micro < 3; ++micro) {
-      const auto idx = tokens(2, 16, cfg.vocab_size, 10 + micro), tgt = tokens(2, 16, cfg.vocab_size, 20 + micro);
+      const auto idx = random_tokens(2, 16, cfg.vocab_size, 10 + micro), tgt = random_tokens(2, 16, cfg.vocab_size, 20 + micro);
       accum.scale(tg::cross_entropy(model.forward<tg::fp32, C>(idx, drop, true), tgt)).backward();
       const bool stepped = accum.micro_step(opt, schedule, 1.0);
       EXPECT_EQ(stepped, micro == 2);
@@ -343,7 +340,7 @@ std::vector<std::vector<float>> mixed_precision_steps() {
   tg::optim::Schedule schedule = tg::optim::Constant{1e-2f};
   tg::optim::GradAccum<2> accum;
   for (int micro = 0; micro < 4; ++micro) {
-    const auto idx = tokens(2, 16, cfg.vocab_size, 30 + micro), tgt = tokens(2, 16, cfg.vocab_size, 40 + micro);
+    const auto idx = random_tokens(2, 16, cfg.vocab_size, 30 + micro), tgt = random_tokens(2, 16, cfg.vocab_size, 40 + micro);
     using T = typename decltype(amp)::compute_type;
     accum.scale(amp.loss(model.forward<T, C>(idx, drop, true), tgt), amp.scaler).backward();
     if (accum.micro_step(opt, schedule, 1.0, amp.scaler)) {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <typegrad/optim/optim.hpp>
@@ -46,5 +48,19 @@ inline double rel_err_inf(const std::vector<double>& a, const std::vector<double
 }
 inline double rel_err_inf(const Tensor<fp32>& a, const std::vector<double>& b) { return rel_err_inf(as_doubles(a), b); }
 inline double rel_err_inf(const Tensor<fp32>& a, const Tensor<fp32>& b) { return rel_err_inf(as_doubles(a), as_doubles(b)); }
+
+/// One group per parameter, each with its Note [which parameters decay] weight decay: every update is its
+/// own multi-tensor run where default_groups puts several in one.
+inline std::vector<ParamGroup> group_per_param(const std::vector<Param>& ps, float wd) {
+  std::vector<ParamGroup> out;
+  for (const auto& p : ps) out.push_back({{p}, 1.f, is_no_decay(p) ? 0.f : wd});
+  return out;
+}
+/// An optimizer's state_tensors() by entry name, as values (for comparing two optimizers' state).
+inline std::map<std::string, std::vector<float>> by_name(const std::vector<NamedTensor>& state) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& e : state) out[e.name] = e.tensor.to_vector();
+  return out;
+}
 
 }  // namespace tg::optim::testing

@@ -21,22 +21,12 @@ namespace {
 using tg::optim::testing::make_param;
 using tg::optim::testing::random_like;
 using tg::optim::testing::set_grad;
+using tg::optim::testing::by_name;
+using tg::optim::testing::group_per_param;
 
 std::vector<tg::optim::Param> three_params(std::uint64_t seed) {
   return {make_param("h.0.mlp.c_fc.weight", {5, 7}, seed), make_param("h.0.mlp.c_fc.bias", {5}, seed + 1),
           make_param("h.0.ln_1.weight", {7}, seed + 2)};
-}
-/// One group per parameter, each with its Note [which parameters decay] weight decay: every update is its
-/// own adam_step_multi run where default_groups puts several in one.
-std::vector<tg::optim::ParamGroup> group_per_param(const std::vector<tg::optim::Param>& ps, float wd) {
-  std::vector<tg::optim::ParamGroup> out;
-  for (const auto& p : ps) out.push_back({{p}, 1.f, tg::optim::is_no_decay(p) ? 0.f : wd});
-  return out;
-}
-std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::NamedTensor>& state) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& e : state) out[e.name] = e.tensor.to_vector();
-  return out;
 }
 
 void expect_same_adam(bool decoupled) {

@@ -19,23 +19,14 @@ namespace {
 using tg::optim::testing::make_param;
 using tg::optim::testing::random_like;
 using tg::optim::testing::set_grad;
+using tg::optim::testing::by_name;
+using tg::optim::testing::group_per_param;
 
 /// A matrix, a 3-D weight, a bias and a LayerNorm gain: both decay groups, factored and full Adafactor
 /// moments.
 std::vector<tg::optim::Param> four_params(std::uint64_t seed) {
   return {make_param("h.0.mlp.c_fc.weight", {5, 7}, seed), make_param("h.0.attn.c_attn.weight", {2, 3, 4}, seed + 1),
           make_param("h.0.mlp.c_fc.bias", {5}, seed + 2), make_param("h.0.ln_1.weight", {7}, seed + 3)};
-}
-/// One group per parameter, each with its Note [which parameters decay] weight decay.
-std::vector<tg::optim::ParamGroup> group_per_param(const std::vector<tg::optim::Param>& ps, float wd) {
-  std::vector<tg::optim::ParamGroup> out;
-  for (const auto& p : ps) out.push_back({{p}, 1.f, tg::optim::is_no_decay(p) ? 0.f : wd});
-  return out;
-}
-std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::NamedTensor>& state) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& e : state) out[e.name] = e.tensor.to_vector();
-  return out;
 }
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/gpt_test_util.hpp"
+
 #include <typegrad/amp/amp.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -36,18 +38,13 @@ tg::nn::GPTConfig tiny_config(float dropout = 0.1f) {
   return c;
 }
 
-tg::Tensor<std::int64_t> tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint64_t seed) {
-  tg::Generator g(seed);
-  auto t = tg::Tensor<std::int64_t>::empty({B, T});
-  for (std::int64_t i = 0; i < B * T; ++i) t.data()[i] = static_cast<std::int64_t>(g.next_u64() % static_cast<std::uint64_t>(V));
-  return t;
-}
+using tg::testing::random_tokens;
 
 struct Batch {
   tg::Tensor<std::int64_t> inputs, targets;
 };
 /// The k-th micro-batch of a fixed stream.
-Batch batch(std::int64_t k, std::int64_t V) { return {tokens(2, 12, V, 100 + 2 * k), tokens(2, 12, V, 101 + 2 * k)}; }
+Batch batch(std::int64_t k, std::int64_t V) { return {random_tokens(2, 12, V, 100 + 2 * k), random_tokens(2, 12, V, 101 + 2 * k)}; }
 
 std::vector<std::vector<float>> values(const std::vector<tg::optim::Param>& ps) {
   std::vector<std::vector<float>> out;
@@ -64,16 +61,22 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
 tg::optim::AdamWOptions adamw() { return {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}; }
 tg::optim::Schedule schedule() { return tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 10, 3e-4f}); }
 
+/// The tiny GPT, its AdamW and its schedule that both loops below train (the same seeds: the same run).
+struct TinyRun {
+  tg::nn::GPTConfig cfg = tiny_config();
+  tg::Generator init{7}, drop{11};
+  tg::nn::GPT model{cfg, init};
+  std::vector<tg::optim::Param> ps = model.named_parameters();
+  tg::optim::AdamW opt{tg::optim::default_groups(ps, 0.1f), adamw()};
+  tg::optim::Schedule sched = schedule();
+};
+
 /// `steps` optimizer steps of `n` micro-batches the way a loop wrote them before TrainStep: GradAccumulator +
 /// MixedPrecision by hand. Returns the weights, and the per-step losses and norms.
 template <class Policy, class Accum>
 std::vector<std::vector<float>> by_hand(Accum accum, int steps, std::vector<double>& losses, std::vector<double>& norms) {
-  const auto cfg = tiny_config();
-  tg::Generator init(7), drop(11);
-  tg::nn::GPT model(cfg, init);
-  const auto ps = model.named_parameters();
-  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
-  auto sched = schedule();
+  TinyRun r;
+  auto& [cfg, init, drop, model, ps, opt, sched] = r;
   tg::amp::MixedPrecision<Policy> amp(ps, opt);
   std::int64_t k = 0;
   for (int s = 0; s < steps; ++s) {
@@ -93,12 +96,8 @@ std::vector<std::vector<float>> by_hand(Accum accum, int steps, std::vector<doub
 
 template <class Policy, class Ckpt = tg::NoCheckpoint, class Accum = tg::optim::GradAccumRuntime>
 std::vector<std::vector<float>> with_step_type(Accum accum, int steps, std::vector<tg::train::StepResult>& results) {
-  const auto cfg = tiny_config();
-  tg::Generator init(7), drop(11);
-  tg::nn::GPT model(cfg, init);
-  const auto ps = model.named_parameters();
-  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
-  auto sched = schedule();
+  TinyRun r;
+  auto& [cfg, init, drop, model, ps, opt, sched] = r;
   tg::train::TrainStep<Policy, Ckpt, tg::cpu, Accum> step(ps, opt, sched, {.clip = 1.0}, accum);
   std::int64_t k = 0;
   for (int s = 0; s < steps; ++s) results.push_back(step.run(model, [&] { return batch(k++, cfg.vocab_size); }, drop));

@@ -8,17 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "optim/optim_test_util.hpp"
 #include "trainer.hpp"
 
 #include <memory>
 
 namespace {
 
-std::map<std::string, std::vector<float>> by_name(const std::vector<tg::optim::NamedTensor>& state) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& e : state) out[e.name] = e.tensor.to_vector();
-  return out;
-}
+using tg::optim::testing::by_name;
 
 class TrainerOptimizers : public ::testing::TestWithParam<const char*> {};
 
