@@ -334,7 +334,8 @@ int num_threads() { return omp_get_max_threads(); }
   template void copy_strided<S, bf16>(const S*, const Shape&, bf16*, const Shape&, const Shape&);   \
   template void copy_strided<S, std::int64_t>(const S*, const Shape&, std::int64_t*, const Shape&, const Shape&); \
   template void copy_strided<S, std::int32_t>(const S*, const Shape&, std::int32_t*, const Shape&, const Shape&); \
-  template void copy_strided<S, std::uint8_t>(const S*, const Shape&, std::uint8_t*, const Shape&, const Shape&);
+  template void copy_strided<S, std::uint8_t>(const S*, const Shape&, std::uint8_t*, const Shape&, const Shape&); \
+  template void copy_strided<S, std::int8_t>(const S*, const Shape&, std::int8_t*, const Shape&, const Shape&);
 #define TG_ALL(T)  \
   TG_COPY_FROM(T) \
   template void arange<T>(T*, std::int64_t, double, double);

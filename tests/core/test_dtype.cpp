@@ -388,7 +388,7 @@ TEST(DTypeMasterList, EnumNameSizeAndTraitsAgreeForEveryEntry) {
   }
   TG_FOR_EACH_DTYPE(TG_X)
 #undef TG_X
-  EXPECT_EQ(entries, 7);
+  EXPECT_EQ(entries, 8);
   // Distinct, dense enum values starting at 0, distinct names.
   EXPECT_EQ(static_cast<int>(enum_values.size()), entries);
   EXPECT_EQ(*enum_values.begin(), 0);

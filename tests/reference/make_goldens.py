@@ -483,6 +483,24 @@ def _(g):
     g.case("transposed", [Fl(6, 4, layout=1)], call)
 
 
+# kl_div(input = log q (..., V), target = log p (..., V)): Σ exp(t)·(t − x) over the R = numel / V rows,
+# divided by R (batchmean over the flattened rows). args = [from_logits]: 1 log_softmax's both inputs over the
+# last dim first (the distillation use), 0 applies the op to the raw values. C++: tests/ops/db_kl_div.cpp.
+@op("kl_div")
+def _(g):
+    def call(a, x, t):
+        V = x.shape[-1]
+        if a[0]:
+            x, t = F.log_softmax(x, -1), F.log_softmax(t, -1)
+        return F.kl_div(x.reshape(-1, V), t.reshape(-1, V), reduction="batchmean", log_target=True)
+    g.case("rows", [Fl(5, 9, lo=-3, hi=3), Fl(5, 9, lo=-3, hi=3)], call, args=[1])
+    g.case("rank3", [Fl(2, 3, 7, lo=-3, hi=3), Fl(2, 3, 7, lo=-3, hi=3)], call, args=[1])
+    g.case("one_dim", [Fl(11, lo=-3, hi=3), Fl(11, lo=-3, hi=3)], call, args=[1])
+    g.case("transposed_teacher_constant", [Fl(6, 5, lo=-3, hi=3, layout=1), Fl(6, 5, lo=-3, hi=3, grad=False)], call,
+           args=[1])
+    g.case("raw_strided", [Fl(3, 8, lo=-4, hi=0.5, layout=2), Fl(3, 8, lo=-4, hi=0.5)], call, args=[0])
+
+
 # ---- the GPT stack ---------------------------------------------------------------------------------
 GPT_CFG = dict(V=37, C=24, H=3, T=9, B=2, L=2, eps=1e-5, ignore_index=-1)
 

@@ -125,7 +125,8 @@ using fp64 = double;
   X(::tg::bf16, bf16, "bf16", "BF16")   \
   X(std::int64_t, i64, "int64", "I64")  \
   X(std::int32_t, i32, "int32", "I32")  \
-  X(std::uint8_t, u8, "uint8", "U8")
+  X(std::uint8_t, u8, "uint8", "U8")    \
+  X(std::int8_t, i8, "int8", "I8")
 
 /// The run-time element type, for files, messages and the one dispatch boundary.
 enum class DType : std::uint8_t {
@@ -223,6 +224,7 @@ struct dtype_traits<bf16> {
 TG_INT_TRAITS(std::int64_t, i64, "int64")
 TG_INT_TRAITS(std::int32_t, i32, "int32")
 TG_INT_TRAITS(std::uint8_t, u8, "uint8")
+TG_INT_TRAITS(std::int8_t, i8, "int8")
 #undef TG_INT_TRAITS
 
 template <class T>

@@ -34,7 +34,7 @@ static_assert(std::endian::native == std::endian::little,
 //     keys at any level and nested at most 8 deep;
 //   * "__metadata__", when present, is an object of string values;
 //   * every other key is a non-empty tensor name mapping to exactly {dtype, shape, data_offsets}: dtype one
-//     of the master list's names (F64 F32 F16 BF16 I64 I32 U8), shape at most kMaxDims non-negative
+//     of the master list's names (F64 F32 F16 BF16 I64 I32 U8 I8), shape at most kMaxDims non-negative
 //     integers, data_offsets two integers begin <= end;
 //   * end - begin == numel(shape) * size(dtype), computed without overflow;
 //   * sorted by offset, the tensors tile the data section exactly: no overlap, no hole, no byte after the

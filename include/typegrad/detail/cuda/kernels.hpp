@@ -58,4 +58,4 @@ bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count
 /// PAIR(S, T) for every destination T of the dtype master list (copy_strided's instantiations).
 #define TG_CUDA_COPY_TARGETS(PAIR, S)                                                                \
   PAIR(S, ::tg::fp64) PAIR(S, ::tg::fp32) PAIR(S, ::tg::fp16) PAIR(S, ::tg::bf16) PAIR(S, std::int64_t) \
-  PAIR(S, std::int32_t) PAIR(S, std::uint8_t)
+  PAIR(S, std::int32_t) PAIR(S, std::uint8_t) PAIR(S, std::int8_t)

@@ -57,7 +57,7 @@ namespace tg::backend {
 /// Every type of the dtype master list (Note [the dtype master list]; kernels.cpp checks the two agree).
 #define TG_ALL_TYPES(X, A)                                                                                \
   X(::tg::fp64, A) X(::tg::fp32, A) X(::tg::fp16, A) X(::tg::bf16, A) X(std::int64_t, A) X(std::int32_t, A) \
-  X(std::uint8_t, A)
+  X(std::uint8_t, A) X(std::int8_t, A)
 #define TG_FP32_TYPES(X, A) X(float, A)
 #define TG_FP32_FP64_TYPES(X, A) X(float, A) X(double, A)
 
