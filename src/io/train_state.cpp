@@ -247,17 +247,22 @@ void copy_params(const SafetensorsReader& rd, const ParamsView& params) {
 
 // ---- training state ---------------------------------------------------------------------------------
 void save_train_state(const std::string& path, const ParamsView& params, const optim::AnyOptimizer& opt,
-                      const TrainStateRecord& record) {
+                      const TrainStateRecord& record, const AuxTensors& aux) {
   TrainStateRecord r = record;
   r.optimizer = opt.name();
   const std::string state = record_to_json(r).dump();
   SafetensorsWriter w;
   for (const ParamsView::Entry& p : params) {
-    TG_CHECK(!p.name.starts_with(kOptimPrefix), "save_train_state: parameter name '", p.name, "' uses the reserved prefix '",
-             kOptimPrefix, "'");
+    TG_CHECK(!p.name.starts_with(kOptimPrefix) && !p.name.starts_with(kAuxPrefix), "save_train_state: parameter name '",
+             p.name, "' uses a reserved prefix ('", kOptimPrefix, "' or '", kAuxPrefix, "')");
     w.add(p.name, p.read());
   }
   for (const optim::NamedTensor& e : opt.state_tensors()) w.add(kOptimPrefix + e.name, e.tensor);
+  for (const auto& [name, t] : aux) {
+    TG_CHECK(name.starts_with(kAuxPrefix) && name.size() > std::strlen(kAuxPrefix), "save_train_state: auxiliary tensor '",
+             name, "' must be named '", kAuxPrefix, "<name>'");
+    w.add(name, t);  // the writer copies a non-contiguous view (without recording)
+  }
   w.set_metadata("format", kFormat);
   w.set_metadata("format_version", kFormatVersion);
   w.set_metadata("tg.state", state);
@@ -270,7 +275,7 @@ TrainStateRecord read_train_state_record(const std::string& path) {
 }
 
 TrainStateRecord load_train_state(const std::string& path, const ParamsView& params, optim::AnyOptimizer& opt,
-                                  const LoadOptions& options) {
+                                  const LoadOptions& options, AuxTensors* aux) {
   const SafetensorsReader rd = SafetensorsReader::open(path);
   TrainStateRecord r = open_checked(rd);
   if (r.optimizer != opt.name())
@@ -281,10 +286,21 @@ TrainStateRecord load_train_state(const std::string& path, const ParamsView& par
   std::set<std::string> names;
   for (const ParamsView::Entry& p : params) names.insert(p.name);
   std::vector<optim::NamedTensor> state;
+  AuxTensors found;
   for (const TensorInfo& t : rd.tensors()) {
     if (names.count(t.name)) continue;
+    if (t.name.starts_with(kAuxPrefix)) {
+      if (aux == nullptr)
+        fail(path, "the checkpoint holds pruning masks ('" + t.name +
+                       "'); resume it with its pruning settings (train_gpt --prune), or start from its weights with --init-from");
+      if (t.dtype != DType::u8)
+        fail(path, "auxiliary tensor '" + t.name + "' has dtype " + std::string(dtype_safetensors_name(t.dtype)) + ", expected U8");
+      found.emplace_back(t.name, rd.get<std::uint8_t>(t.name));
+      continue;
+    }
     if (!t.name.starts_with(kOptimPrefix))
-      fail(path, "unexpected tensor '" + t.name + "': not a parameter of the model and not optimizer state (\"optim.*\")");
+      fail(path, "unexpected tensor '" + t.name + "': not a parameter of the model, not optimizer state (\"optim.*\") and not a " +
+                     "pruning mask (\"prune.*\")");
     if (t.dtype != DType::f32)
       fail(path, "optimizer state '" + t.name + "' has dtype " + std::string(dtype_safetensors_name(t.dtype)) + ", expected F32");
     state.push_back({t.name.substr(std::strlen(kOptimPrefix)), rd.get<fp32>(t.name)});
@@ -296,7 +312,21 @@ TrainStateRecord load_train_state(const std::string& path, const ParamsView& par
     fail(path, std::string("optimizer state does not fit the optimizer: ") + e.what());
   }
   copy_params(rd, params);
+  if (aux != nullptr) *aux = std::move(found);
   return r;
+}
+
+AuxTensors read_aux_tensors(const std::string& path) {
+  const SafetensorsReader rd = SafetensorsReader::open(path);
+  open_checked(rd);
+  AuxTensors out;
+  for (const TensorInfo& t : rd.tensors()) {
+    if (!t.name.starts_with(kAuxPrefix)) continue;
+    if (t.dtype != DType::u8)
+      fail(path, "auxiliary tensor '" + t.name + "' has dtype " + std::string(dtype_safetensors_name(t.dtype)) + ", expected U8");
+    out.emplace_back(t.name, rd.get<std::uint8_t>(t.name));
+  }
+  return out;
 }
 
 // ---- weights ----------------------------------------------------------------------------------------
@@ -317,7 +347,7 @@ void load_weights(const std::string& path, const ParamsView& params, const LoadO
   std::set<std::string> names;
   for (const ParamsView::Entry& p : params) names.insert(p.name);
   for (const TensorInfo& t : rd.tensors()) {
-    if (names.count(t.name) || (is_checkpoint && t.name.starts_with(kOptimPrefix))) continue;
+    if (names.count(t.name) || (is_checkpoint && (t.name.starts_with(kOptimPrefix) || t.name.starts_with(kAuxPrefix)))) continue;
     throw Error("load_weights: ", path, ": unexpected tensor '", t.name, "' (not a parameter of the model)");
   }
   if (!options.allow_non_finite) check_params_finite(rd, params, "load_weights");
@@ -430,7 +460,8 @@ std::vector<std::pair<std::int64_t, std::string>> CheckpointDir::other_runs(cons
   return all;
 }
 
-std::string CheckpointDir::save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record) {
+std::string CheckpointDir::save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record,
+                                const AuxTensors& aux) {
   const std::string path = path_for(record.step);
   if (::access(path.c_str(), F_OK) == 0) {
     const auto owner = checkpoint_run_id(path);
@@ -439,7 +470,7 @@ std::string CheckpointDir::save(const ParamsView& params, const optim::AnyOptimi
                   owner ? (owner->empty() ? std::string("one without a run id") : "run " + *owner) : std::string("an unreadable file"),
                   "); not replacing it");
   }
-  save_train_state(path, params, opt, record);
+  save_train_state(path, params, opt, record, aux);
   if (keep_ > 0) {
     auto mine = list();
     // Only this run's checkpoints count and go (never another run's), and never what was just written.

@@ -157,6 +157,49 @@ TEST(TrainStep, WithCheckpointingIsTheOneRunTimeBoundary) {
   }
 }
 
+// The hooks (StepOptions::before_update / after_update): before_update once per optimizer step, after the last
+// micro-batch's backward (the gradients are complete) and before the update; after_update after the update and
+// before the weight copies are refreshed, never on a skipped step. A loss function given to run() replaces the
+// cross-entropy: the same one gives the same run bit for bit.
+TEST(TrainStep, HooksAndACustomLoss) {
+  std::vector<tg::train::StepResult> ref_results;
+  const auto ref = with_step_type<tg::amp::bf16_mixed>(tg::optim::GradAccumRuntime(2), 3, ref_results);
+  TinyRun r;
+  auto& [cfg, init, drop, model, ps, opt, sched] = r;
+  std::vector<std::string> events;
+  tg::train::StepOptions options{.clip = 1.0};
+  options.before_update = [&] {
+    events.push_back("before " + std::to_string(opt.step_count()));
+    EXPECT_TRUE(ps[0].tensor.grad().defined()) << "the gradients exist when before_update runs";
+  };
+  options.after_update = [&] { events.push_back("after " + std::to_string(opt.step_count())); };
+  std::int64_t k = 0, calls = 0;
+  {  // one TrainStep at a time holds the masters' weight copies
+    tg::train::TrainStep<tg::amp::bf16_mixed> step(ps, opt, sched, options, tg::optim::GradAccumRuntime(2));
+    auto loss = [&](const tg::Tensor<tg::bf16>& logits, const Batch& b) {
+      ++calls;
+      return tg::cross_entropy_as<float>(logits, b.targets);
+    };
+    for (int s = 0; s < 3; ++s) {
+      const auto got = step.run(model, [&] { return batch(k++, cfg.vocab_size); }, drop, loss);
+      EXPECT_EQ(got.loss, ref_results[static_cast<std::size_t>(s)].loss);
+    }
+  }
+  EXPECT_EQ(calls, 6);
+  EXPECT_TRUE(same_bits(ref, values(ps)));
+  EXPECT_EQ(events, (std::vector<std::string>{"before 0", "after 1", "before 1", "after 2", "before 2", "after 3"}));
+  // after_update's change to the masters reaches the next forward: it runs before the copies are refreshed.
+  tg::train::StepOptions zeroing;
+  zeroing.after_update = [&] {
+    tg::NoGrad g;
+    tg::detail::copy_tensor(tg::Tensor<float>::zeros(ps[0].tensor.shape()), ps[0].tensor);
+  };
+  tg::train::TrainStep<tg::amp::bf16_mixed> zero_step(ps, opt, sched, zeroing, tg::optim::GradAccumRuntime(1));
+  zero_step.run(model, [&] { return batch(k++, cfg.vocab_size); }, drop);
+  const auto copy = tg::amp::param_as<tg::bf16>(ps[0].tensor).template to<float>().to_vector();
+  for (float v : copy) ASSERT_EQ(v, 0.f) << "the bf16 copy was refreshed after after_update";
+}
+
 TEST(TrainStep, AnOverflowingScaleSkipsTheUpdate) {
   const auto cfg = tiny_config(0.f);
   tg::Generator init(7), drop(11);

@@ -122,15 +122,25 @@ struct LoadOptions {
   bool allow_non_finite = false;  ///< load tensors holding NaN / inf as they are
 };
 
+/// Tensors a checkpoint carries besides the parameters and the optimizer state, as host U8 tensors under the
+/// reserved prefix kAuxPrefix: the pruning masks, "prune.mask.<param>" (quant::Pruner::mask_tensors, Note
+/// [pruning masks]).
+using AuxTensors = std::vector<std::pair<std::string, Tensor<std::uint8_t>>>;
+inline constexpr const char* kAuxPrefix = "prune.";
+
 /// Writes a training checkpoint of `params` and `opt` (on any device) to `path` atomically (Note [atomic
-/// file replacement]).
+/// file replacement]), with the auxiliary tensors `aux` (each name starts with kAuxPrefix).
 void save_train_state(const std::string& path, const ParamsView& params, const optim::AnyOptimizer& opt,
-                      const TrainStateRecord& record);
+                      const TrainStateRecord& record, const AuxTensors& aux = {});
 /// Loads a checkpoint written by save_train_state into `params` and `opt` (on any device; all checks first,
 /// see the Note) and returns its record; restoring the positions it holds is the caller's part.
 /// Every tensor (parameters and optimizer state) must be finite unless `options` allows otherwise.
+/// The file's auxiliary tensors go to `*aux` (checking them is the caller's part, before it changes anything
+/// else); a file that has some and a caller that passes no `aux` is an error, so masks are never dropped.
 TrainStateRecord load_train_state(const std::string& path, const ParamsView& params, optim::AnyOptimizer& opt,
-                                  const LoadOptions& options = {});
+                                  const LoadOptions& options = {}, AuxTensors* aux = nullptr);
+/// The auxiliary tensors of a checkpoint (verified like every load), without loading anything.
+AuxTensors read_aux_tensors(const std::string& path);
 /// The record of a checkpoint without loading its tensors (tensors and checksums are still verified).
 TrainStateRecord read_train_state_record(const std::string& path);
 
@@ -178,7 +188,8 @@ class CheckpointDir {
   std::vector<std::pair<std::int64_t, std::string>> other_runs(const std::string& run_id) const;
   /// Saves step `record.step`, then deletes the oldest of `record.run_id`'s checkpoints beyond `keep`;
   /// returns the path written. Throws, writing nothing, when the path holds another run's checkpoint.
-  std::string save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record);
+  std::string save(const ParamsView& params, const optim::AnyOptimizer& opt, const TrainStateRecord& record,
+                   const AuxTensors& aux = {});
   /// Removes the temporaries of killed saves whose process is gone; returns how many.
   std::int64_t remove_stale_temporaries() const;
 

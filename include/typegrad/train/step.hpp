@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -50,6 +51,12 @@ struct StepResult {
 struct StepOptions {
   std::optional<double> clip;                                ///< clip the global gradient norm to this
   optim::OnNonFinite on_non_finite = optim::OnNonFinite::apply;  ///< without a loss scaler (Note [non-finite steps without a scaler])
+  /// Called after the last micro-batch's backward, before the boundary (unscale, check, clip, step): the
+  /// accumulated gradients are complete (pruning masks them here, Note [pruning masks]).
+  std::function<void()> before_update;
+  /// Called after an optimizer step that was taken (not on a skipped one), before the 16-bit weight copies
+  /// are refreshed from the masters (pruning zeroes the pruned weights here).
+  std::function<void()> after_update;
 };
 
 template <amp::PrecisionPolicy P, ActivationCheckpointing Checkpointing = NoCheckpoint, Device D = cpu,
@@ -84,6 +91,15 @@ class TrainStep {
   /// boundary (Note [the training step]).
   template <class Model, class NextBatch>
   StepResult run(const Model& model, NextBatch&& next_batch, Generator& dropout_gen) {
+    return run(model, std::forward<NextBatch>(next_batch), dropout_gen,
+               [this](const Tensor<compute_type, D>& logits, const auto& batch) { return precision_.loss(logits, batch.targets); });
+  }
+
+  /// run() with the loss computed by `loss_fn(logits, batch)` (logits (B,T,V) in the compute type, the batch
+  /// as drawn) instead of the cross-entropy: a distillation loss, say. It returns a scalar of the policy's loss
+  /// type (fp32) on D.
+  template <class Model, class NextBatch, class LossFn>
+  StepResult run(const Model& model, NextBatch&& next_batch, Generator& dropout_gen, LossFn&& loss_fn) {
     const MatmulMode matmul_mode;  // Note [TF32 by policy]
     StepResult r;
     r.scale = precision_.scaler.scale();
@@ -91,12 +107,16 @@ class TrainStep {
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
     for (std::int64_t m = 0; m < n; ++m) {
       const auto batch = next_batch();
-      const auto loss = precision_.loss(forward(model, batch.inputs, dropout_gen), batch.targets);
+      const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
       const double value = static_cast<double>(loss.item());
       r.loss += value / static_cast<double>(n);
       accum_.note_loss(value);
       accum_.scale(loss, precision_.scaler).backward();
-      if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) precision_.after_step(accum_);
+      if (m + 1 == n && options_.before_update) options_.before_update();
+      if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
+        if (!accum_.last_step_skipped() && options_.after_update) options_.after_update();
+        precision_.after_step(accum_);
+      }
     }
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();
