@@ -67,6 +67,7 @@ CpuFeatures detect() {
     f.avx512_vnni = f.avx512f && bit(r7.c, 11);
     f.avx512_fp16 = f.avx512f && bit(r7.d, 23);
     f.amx_bf16 = bit(r7.d, 22);  // AMX also needs XCR0 tile bits and a Linux permission request; reported only
+    f.amx_int8 = bit(r7.d, 25);  // likewise (amx_int8.cpp asks for the permission before using it)
     if (r7.a >= 1) {
       const Regs r71 = cpuid(7, 1);
       f.avx512_bf16 = f.avx512f && bit(r71.a, 5);
@@ -186,6 +187,7 @@ std::string cpu_features_string() {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");
+  add(f.amx_int8, "amx_int8");
   const CpuCacheSizes& c = cpu_cache_sizes();
   s += "; L1d " + std::to_string(c.l1d / 1024) + " KiB, L2 " + std::to_string(c.l2 / 1024) + " KiB, L3 " +
        std::to_string(c.l3 / 1024) + " KiB (" + c.source + ")";

@@ -3,6 +3,7 @@
 // [kernels declared once]); this file holds the runtime's entry points and the CUDA-only launches.
 #include "typegrad/config.hpp"
 #include "typegrad/core/error.hpp"
+#include "typegrad/detail/cuda/gemm_int8.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
 
@@ -44,5 +45,26 @@ bool allow_tf32() { return false; }
 std::int64_t gelu_epilogue_calls() { return 0; }
 std::int64_t padded_gemm_calls() { return 0; }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
+// int8 quantizers and GEMMs (detail/cuda/gemm_int8.hpp)
+void quantize_rows_int8(const float*, std::int64_t, std::int64_t, std::int64_t, std::int8_t*, float*) {
+  no_backend("quantize_rows_int8");
+}
+void quantize_int8_with_scale(const float*, std::int64_t, std::int64_t, std::int64_t, float, std::int8_t*) {
+  no_backend("quantize_int8_with_scale");
+}
+void gemm_s8s8s32_nt(std::int64_t, std::int64_t, std::int64_t, const std::int8_t*, std::int64_t, const std::int8_t*,
+                     std::int64_t, std::int32_t*, std::int64_t) {
+  no_backend("gemm_s8s8s32_nt");
+}
+void gemm_s8s8s32_nt_reference(std::int64_t, std::int64_t, std::int64_t, const std::int8_t*, std::int64_t,
+                               const std::int8_t*, std::int64_t, std::int32_t*, std::int64_t) {
+  no_backend("gemm_s8s8s32_nt_reference");
+}
+void gemm_s8_dequant(std::int64_t, std::int64_t, std::int64_t, const std::int8_t*, std::int64_t, const float*,
+                     const std::int8_t*, std::int64_t, const float*, const float*, float*, std::int64_t) {
+  no_backend("gemm_s8_dequant");
+}
+std::int64_t int8_padded_gemm_calls() { return 0; }
+std::int64_t int8_gemm_fallback_calls() { return 0; }
 }  // namespace tg::backend::cuda
 #endif

@@ -24,6 +24,7 @@ struct CpuFeatures {
   bool avx512_bf16 = false;
   bool avx512_fp16 = false;
   bool amx_bf16 = false;
+  bool amx_int8 = false;  // cpuid 7.0 EDX bit 25 (tdpbssd); like amx_bf16, before the OS permission request
   std::string vendor;  // "AuthenticAMD", "GenuineIntel", ...
   int family = 0;      // display family (base + extended)
   int model = 0;       // display model (base + extended << 4)
