@@ -138,6 +138,32 @@ void validate_options(const Options& o) {
   }
   if (!o.init_from.empty() && !o.resume.empty())
     throw tg::Error("--init-from and --resume exclude each other (a checkpoint holds the weights)");
+  // Compression (compress.hpp).
+  if (!o.prune.empty()) {
+    non_negative("--prune-start", o.prune_start, o.steps);
+    if (o.prune_end < o.prune_start || o.prune_end > o.steps)
+      throw tg::Error("--prune-end must be from --prune-start (", o.prune_start, ") to --steps (", o.steps, "), got ", o.prune_end);
+    positive("--prune-every", o.prune_every, kMaxSteps);
+    if (o.prune == "2:4" && o.prune_end != o.prune_start)
+      throw tg::Error("--prune 2:4 chooses its masks at once: --prune-end (", o.prune_end, ") must equal --prune-start (",
+                      o.prune_start, ")");
+  }
+  if (!o.distill_from.empty()) {
+    if (!(o.distill_alpha >= 0 && o.distill_alpha <= 1))
+      throw tg::Error("--distill-alpha must be in [0, 1], got ", o.distill_alpha);
+    finite_positive("--distill-temperature", o.distill_temperature);
+  }
+  if (!o.quantize.empty() && !o.eval_only)
+    throw tg::Error("--quantize needs --eval-only (post-training quantization evaluates a trained model: --eval-only --init-from CKPT)");
+  if (!o.quantize_save.empty() && o.quantize.empty()) throw tg::Error("--quantize-save needs --quantize");
+  if (o.quantize_lm_head && o.quantize.empty()) throw tg::Error("--quantize-lm-head needs --quantize");
+  if (!o.quantize.empty() && o.device != "cpu")
+    throw tg::Error("--quantize runs the int8 model on the CPU (its GPU path is not built yet); drop --device ", o.device);
+  positive("--calibration-batches", o.calibration_batches, std::int64_t{1} << 20);
+  if (o.eval_only && !o.resume.empty())
+    throw tg::Error("--eval-only evaluates weights: give the checkpoint with --init-from, not --resume");
+  if (o.eval_only && (!o.prune.empty() || !o.distill_from.empty()))
+    throw tg::Error("--eval-only trains nothing: --prune and --distill-from are training flags");
 }
 
 /// A lower bound of the bytes a training step of `config` at `o`'s sizes needs on the CPU (Note [the

@@ -13,6 +13,7 @@
 
 #include <typegrad/data/tokenizer.hpp>
 #include <typegrad/detail/cuda/runtime.hpp>
+#include <typegrad/quant/prune.hpp>
 
 #include "guards.hpp"
 
@@ -67,6 +68,19 @@ struct Options {
   std::string model_json;                // filled by run_policy: the model's shape, saved in checkpoints (generate reads it)
   std::string tokenizer_json;            // filled by run_policy: the tokenizer, saved in checkpoints
   std::string plot;                      // a .png or .svg drawn from --log at the end (scripts/plot_log.py)
+  // compression (compress.hpp, docs/compression.md)
+  std::string prune;                 // "": none; unstructured:S[:per-layer] | 2:4 (Note [pruning in the trainer])
+  std::int64_t prune_start = 0;      // the gradual schedule's first step (0: before step 1)
+  std::int64_t prune_end = 0;        // its last step, where the target is reached (== start: at once)
+  std::int64_t prune_every = 10;     // steps between mask updates within [start, end]
+  std::string distill_from;          // a teacher's training checkpoint (Note [the teacher])
+  float distill_alpha = 0.5f;        // weight of the KL term (1 - alpha: cross-entropy)
+  float distill_temperature = 2.0f;  // softmax temperature of both distributions in the KL term
+  bool eval_only = false;            // evaluate the model (--init-from) and exit
+  std::string quantize;              // "": none; int8 | int8-static (with --eval-only)
+  std::int64_t calibration_batches = 8;  // training batches for int8-static's activation scales
+  bool quantize_lm_head = false;     // quantize the LM head too
+  std::string quantize_save;         // write the int8 model to this safetensors file
 };
 
 /// Parses and checks the command line into `o`. Returns the exit code when the process should end now (--help:
@@ -124,6 +138,21 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "where to train: cpu, or cuda (the first GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--prune", o.prune, "prune while training: unstructured:S (a fraction S of the blocks' linear weights, "
+                                     "smallest magnitudes first, globally; unstructured:S:per-layer for each layer), or 2:4");
+  app.add_option("--prune-start", o.prune_start, "step where gradual pruning starts (sparsity 0 there; 0: before the first step)");
+  CLI::Option* prune_end_flag = app.add_option("--prune-end", o.prune_end, "step where the target sparsity is reached (a cubic ramp from --prune-start; equal: at once)");
+  app.add_option("--prune-every", o.prune_every, "steps between mask updates during the ramp");
+  app.add_option("--distill-from", o.distill_from, "distil from this teacher (a training checkpoint of any preset, same tokenizer)");
+  app.add_option("--distill-alpha", o.distill_alpha, "weight of the teacher's KL term in [0, 1] (the rest: cross-entropy)");
+  app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the KL term (> 0)");
+  app.add_flag("--eval-only", o.eval_only, "evaluate the model (--init-from) on the validation batches and exit");
+  app.add_option("--quantize", o.quantize, "with --eval-only: also evaluate the int8 model (int8: per-token activation scales; "
+                                           "int8-static: scales calibrated on training batches) and time one forward")
+      ->check(CLI::IsMember({"int8", "int8-static"}));
+  app.add_option("--calibration-batches", o.calibration_batches, "training batches that calibrate int8-static's activation scales");
+  app.add_flag("--quantize-lm-head", o.quantize_lm_head, "quantize the LM head too (kept in fp32 by default)");
+  app.add_option("--quantize-save", o.quantize_save, "write the int8 model to this safetensors file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -139,9 +168,11 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
     o.tokenizer_given = tokenizer_flag->count() > 0;
     // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
     if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
+    if (prune_end_flag->count() == 0) o.prune_end = std::max(o.prune_end, o.prune_start);  // one-shot at --prune-start
     if (min_lr_flag->count() > 0 && !(o.min_lr >= 0)) throw tg::Error("--min-lr must be a non-negative number, got ", o.min_lr);
     validate_options(o);
     tg::data::parse_tokenizer_spec(o.tokenizer);  // a malformed spec before any data is read
+    if (!o.prune.empty()) tg::quant::parse_prune_spec(o.prune);
     if (!(o.top_p > 0 && o.top_p <= 1)) throw tg::Error("--top-p must be in (0, 1], got ", o.top_p);
     if (o.device == "cuda") {  // before any work (Note [training on a GPU])
       TG_CHECK(tg::backend::cuda::device_count() > 0, "--device cuda: no usable CUDA device (",

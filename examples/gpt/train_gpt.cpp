@@ -5,6 +5,7 @@
 //   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
 //   train_gpt --device cuda --model gpt2 --precision bf16 --batch 16 --seq 1024   # on a GPU (Note [training on a GPU])
+#include "eval_only.hpp"
 #include "trainer.hpp"
 
 namespace train_gpt {
@@ -17,12 +18,22 @@ int train(const Options& options) {
   const Options& o = s.o;
   // One optimizer step: forward in P's compute type with C's checkpointing, backward, then unscale ->
   // inf/NaN check -> clip -> optimizer step -> schedule -> weight copies (Note [the training step]).
-  tg::train::TrainStep<P, C, D> step(s.params, *s.opt, s.schedule,
-                                     {.clip = o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt,
+  tg::train::StepOptions step_options{.clip = o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt,
                                       .on_non_finite = o.on_nonfinite == "skip" ? tg::optim::OnNonFinite::skip
-                                                                                : tg::optim::OnNonFinite::stop},
-                                     tg::optim::GradAccumRuntime(o.grad_accum));
-  s.resume(step);  // --resume: weights, optimizer, positions, loss scaler
+                                                                                : tg::optim::OnNonFinite::stop};
+  if (s.prune) {  // --prune: pruned gradients and weights stay zero (Note [pruning in the trainer])
+    step_options.before_update = [&] { s.prune->pruner.apply_to_grads(); };
+    step_options.after_update = [&] { s.prune->pruner.apply_to_weights(); };
+  }
+  tg::train::TrainStep<P, C, D> step(s.params, *s.opt, s.schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
+  s.resume(step);  // --resume: weights, optimizer, positions, loss scaler (and pruning masks)
+  if (s.prune && s.start_step == 0 && s.prune->update(0)) step.refresh_weights();  // one-shot pruning before step 1
+  // --distill-from: the teacher's KL term joins the cross-entropy (Note [the teacher]).
+  using Compute = typename decltype(step)::compute_type;
+  auto distill_loss = [&](const tg::Tensor<Compute, D>& logits, const tg::data::Batch& b) {
+    return tg::quant::distillation_loss(logits, s.teacher->template logits<Compute>(b.inputs), b.targets, o.distill_alpha,
+                                        o.distill_temperature);
+  };
   tg::train::JsonLinesLog log(o.log, s.start_step, o.log_errors == "warn" ? tg::train::OnLogError::warn : tg::train::OnLogError::stop);
   tg::train::RunClock clock(o.batch * o.seq * o.grad_accum, s.start_step, o.steps);
   s.template print_header<decltype(step)>();
@@ -32,16 +43,18 @@ int train(const Options& options) {
     const auto t0 = tg::train::Clock::now();
     tg::train::StepResult r;
     try {
-      r = step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
+      if (s.teacher) r = step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
+      else r = step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
     } catch (const tg::optim::NonFiniteStep& e) {
       throw s.stopped_at(k, e);  // nothing applied; --on-nonfinite skip would have skipped the step
     }
+    if (s.prune && s.prune->update(k)) step.refresh_weights();  // the schedule's mask update after step k
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
     s.count(k, r, step);
     s.report(k, r, seconds, clock, step);
     std::optional<tg::train::Evaluation> eval;
-    if (o.eval_every > 0 && (k % o.eval_every == 0 || k == o.steps)) eval = s.validate(k);
+    if (k == o.steps || (o.eval_every > 0 && k % o.eval_every == 0)) eval = s.validate(k);  // --eval-every 0: at the end only
     if (o.sample_every > 0 && k % o.sample_every == 0 && k != o.steps)
       std::printf("%s--- sample at step %lld ---\n%s\n---\n", isatty(fileno(stdout)) ? "\n" : "", (long long)k,
                   s.sample(o.sample_tokens / 2).c_str());
@@ -72,6 +85,7 @@ int main(int argc, char** argv) {
   if (const auto code = train_gpt::parse_command_line(argc, argv, o)) return *code;  // options.hpp
   try {
     if (!o.data_export.empty()) return train_gpt::export_tokens(o, train_gpt::load_training_data(o, std::nullopt));
+    if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
       std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
     // The run-time choices become types here, once: precision policy, checkpointing, device.

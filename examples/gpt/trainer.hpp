@@ -36,6 +36,7 @@
 #include <typegrad/train/step.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "compress.hpp"
 #include "data.hpp"
 #include "guards.hpp"
 #include "options.hpp"
@@ -126,7 +127,14 @@ inline std::string run_config_json(const Options& o) {
     << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
     << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
     << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction)
-    << ",\"precision\":" << str(o.precision) << "}";
+    << ",\"precision\":" << str(o.precision);
+  if (!o.prune.empty())  // only when set, so a checkpoint of a run without them compares as before
+    j << ",\"prune\":" << str(o.prune) << ",\"prune_start\":" << o.prune_start << ",\"prune_end\":" << o.prune_end
+      << ",\"prune_every\":" << o.prune_every;
+  if (!o.distill_from.empty())
+    j << ",\"distill_from\":" << str(o.distill_from) << ",\"distill_alpha\":" << num(o.distill_alpha)
+      << ",\"distill_temperature\":" << num(o.distill_temperature);
+  j << "}";
   return j.str();
 }
 
@@ -272,6 +280,8 @@ class Session {
       else model = std::make_unique<tg::nn::BasicGPT<D>>(host);
     }
     params = model->named_parameters();
+    if (!o.prune.empty()) prune = std::make_unique<PruneRun<D>>(o, params);  // Note [pruning in the trainer]
+    if (!o.distill_from.empty()) teacher = std::make_unique<Teacher<D>>(o, o.tokenizer_json);  // Note [the teacher]
     opt = make_optimizer<D>(o, params);
     schedule = make_schedule(o, o.steps);
     sampler.emplace(tg::data::BatchSampler(data.ds->train(), o.batch, o.seq, o.seed + 3));  // Note [prefetching batches]
@@ -339,7 +349,7 @@ class Session {
     r.model_json = o.model_json;
     r.tokenizer_json = o.tokenizer_json;
     const auto t0 = Clock::now();
-    const std::string path = ckpts->save(params, *opt, r);
+    const std::string path = ckpts->save(params, *opt, r, prune ? prune->pruner.mask_tensors() : tg::io::AuxTensors{});
     std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
   }
 
@@ -376,6 +386,8 @@ class Session {
   std::unique_ptr<tg::nn::BasicGPT<D>> model;
   std::vector<tg::optim::BasicParam<D>> params;
   std::unique_ptr<tg::optim::BasicOptimizer<D>> opt;
+  std::unique_ptr<PruneRun<D>> prune;   // --prune (Note [pruning in the trainer])
+  std::unique_ptr<Teacher<D>> teacher;  // --distill-from (Note [the teacher])
   tg::optim::Schedule schedule = tg::optim::Constant{0.f};
   std::optional<tg::data::PrefetchingSampler> sampler;
   // What a checkpoint keeps besides the model, optimizer and step (Note [training-state checkpoints]).
@@ -402,11 +414,25 @@ std::int64_t Session<D>::resume_from(const tg::io::ResumeChoice& choice, Step& s
   const std::string& path = choice.path;
   validate_resume_record(o, path, *choice.record, init_gen.offset());  // before anything changes
   tg::io::TrainStateRecord r;
+  tg::io::AuxTensors masks;
+  if (prune) {  // the masks are checked (names, shapes, 0/1, the pattern) before anything changes
+    if (const tg::io::AuxTensors saved = tg::io::read_aux_tensors(path); !saved.empty()) {
+      try {
+        prune->pruner.load_masks(saved);
+      } catch (const tg::Error& e) {
+        throw tg::Error("--resume: ", path, ": its pruning masks do not fit this run's --prune ", o.prune, ": ", e.what());
+      }
+    }
+  }
   try {
-    r = tg::io::load_train_state(path, params, *opt, {.allow_non_finite = o.allow_nonfinite_weights});
+    r = tg::io::load_train_state(path, params, *opt, {.allow_non_finite = o.allow_nonfinite_weights}, prune ? &masks : nullptr);
   } catch (const tg::io::NonFiniteTensor& e) {
     throw tg::io::NonFiniteTensor(e.what(), " (--allow-nonfinite-weights loads it anyway)");
   }
+  if (prune && masks.empty() && r.step > 0)
+    std::printf("note: %s holds no pruning masks; pruning starts from dense weights\n", path.c_str());
+  if (prune && !masks.empty() && !prune->pruner.weights_respect_masks())
+    throw tg::Error("--resume: ", path, ": weights are non-zero where its pruning masks prune them (the file's tensors disagree)");
   for (const auto& d : tg::io::config_differences(r.config_json, run_config_json(o)))
     std::printf("warning: resuming with a different setting, the run will not repeat the original: %s\n", d.c_str());
   s.schedule.set_step(r.schedule_step);
@@ -487,6 +513,11 @@ void Session<D>::print_header() const {
               o.device.c_str(), Step::checkpointing::name, (long long)trained_positions, (long long)config.block_size,
               (long long)window());
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), Step::scaler_type::kind());
+  if (prune) std::printf("pruning: %s; sparsity now %.1f%%\n", prune->describe().c_str(), 100 * prune->pruner.sparsity());
+  if (teacher)
+    std::printf("distillation: teacher %s (L=%lld H=%lld C=%lld, %s, no tape), loss %.2f x tau^2 x KL at tau %.2f + %.2f x cross-entropy\n",
+                o.distill_from.c_str(), (long long)teacher->config().n_layer, (long long)teacher->config().n_head,
+                (long long)teacher->config().n_embd, teacher->precision(), o.distill_alpha, o.distill_temperature, 1 - o.distill_alpha);
   std::printf("baseline: a uniform guess over %lld tokens costs ln %lld = %.3f nats/token (loss: nats/token; bpb: bits per byte of text)\n",
               (long long)config.vocab_size, (long long)config.vocab_size, std::log(static_cast<double>(config.vocab_size)));
   std::fflush(stdout);  // the header before the first evaluation, which takes a while on a large model
@@ -523,6 +554,7 @@ void Session<D>::report(std::int64_t k, const tg::train::StepResult& r, double s
                   (long long)scaler_skipped);
   else if (nonfinite_skipped > 0)  // --on-nonfinite skip
     std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped %lld (non-finite)", (long long)nonfinite_skipped);
+  if (prune) std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | sparsity %.1f%%", 100 * prune->pruner.sparsity());
   const bool tty = isatty(fileno(stdout));
   if (tty) std::printf("\r%s\x1b[K", line);
   if (!tty && (k % 10 == 0 || k == 1 || k == o.steps)) std::printf("%s\n", line);
@@ -539,6 +571,7 @@ void Session<D>::log_step(std::int64_t k, const tg::train::StepResult& r, double
   rec.add("tokens_per_s", clock.tokens_per_second()).add("bytes_in_use", tg::allocator<D>().stats().bytes_in_use);
   rec.add("loss_scale", step.scaler().scale()).add("skipped_steps", scaler_skipped + nonfinite_skipped);
   if (eval) rec.add("val_loss", eval->loss).add("val_bpb", eval->bits_per_byte);
+  if (prune) rec.add("sparsity", prune->pruner.sparsity());
   log.write(k, rec);
 }
 
