@@ -20,7 +20,7 @@ export OMP_NUM_THREADS=$THREADS
 
 TEACHER_STEPS=${TEACHER_STEPS:-600}
 PRUNE_STEPS=${PRUNE_STEPS:-150}
-STUDENT_STEPS=${STUDENT_STEPS:-300}
+STUDENT_STEPS=${STUDENT_STEPS:-600}
 PARTS=${PARTS:-"ptq prune distill"}
 EVAL=(--eval-batches 32)
 val() { sed -n 's/^  val loss *\([0-9.]*\) at the end.*/\1/p' "$1"; }
@@ -36,10 +36,10 @@ echo "teacher: small preset, $TEACHER_STEPS steps of 8x128 tokens ($CKPT; its fp
 # 2. int8 post-training quantization.
 if [[ " $PARTS " == *" ptq "* ]]; then
 echo
-echo "| model | val loss | vs fp32 | size | forward ms (8x256) |"
+echo "| model | val loss | vs fp32 | size | forward ms (16x128) |"
 echo "|---|---|---|---|---|"
 for q in int8 int8-static; do
-  "$T" --model small --eval-only --init-from "$CKPT" --quantize "$q" --batch 8 --seq 256 "${EVAL[@]}" \
+  "$T" --model small --eval-only --init-from "$CKPT" --quantize "$q" --batch 16 --seq 128 "${EVAL[@]}" \
        --calibration-batches 8 --threads "$THREADS" > "ptq-$q.out"
 done
 awk '/^  (fp32|bf16|int8) /{printf "| %s | %s | %s | %s %s | %s |\n", $1, $2, $4, $5, $6, $7}' ptq-int8.out
