@@ -137,7 +137,11 @@ Options parse(int argc, char** argv) {
 
 void run(const Options& o, int threads) {
   tg::backend::cpu::set_num_threads(threads);  // pinned: the same team for every product
-  const double pk8 = peak(true, threads), pk16 = peak(false, threads);
+  // Two passes, the best of each: as in bench_gemm.cpp, a first pass on a shared VM sometimes ran on one core
+  // only (the second vCPU busy elsewhere), which put the 2-thread products at 180% of that "peak".
+  double pk8 = peak(true, threads), pk16 = peak(false, threads);
+  pk8 = std::max(pk8, peak(true, threads));
+  pk16 = std::max(pk16, peak(false, threads));
   std::printf("\n== %d thread%s: peak vpdpbusd %.0f GOPS, vdpbf16ps %.0f GFLOPS (x%.2f) ==\n", threads,
               threads > 1 ? "s" : "", pk8, pk16, pk16 > 0 ? pk8 / pk16 : 0.0);
   std::printf("%-10s %-17s %9s %9s %9s %7s %7s %7s %7s\n", "shape", "MxNxK", "bf16", "int8pk", "int8s32", "pk/bf16",

@@ -13,7 +13,7 @@ template <class Model>
 struct Bf16Forward {
   const Model* model;
   template <tg::FloatingElement T>
-  tg::Tensor<T> forward(const tg::Tensor<std::int64_t>& idx) const {
+  auto forward(const tg::Tensor<std::int64_t>& idx) const {
     return model->template forward<tg::bf16>(idx).template to<T>();
   }
 };
@@ -49,12 +49,12 @@ int eval_only(const Options& options) {
     std::printf("  %-6s %9.4f %8.4f %9s %10s %12.2f\n", name, e.loss, e.bits_per_byte, vs, human_bytes(bytes).c_str(), ms);
   };
   row("fp32", eval, float_bytes, fp32_ms);
-  if constexpr (std::is_same_v<D, tg::cpu>) {
+  {
     if (o.quantize.empty()) return 0;
     double bf16_ms = 0;
     {
       const tg::amp::WeightCopies<tg::bf16, D> copies(s.params);  // the per-step copies a bf16 run reads
-      const Bf16Forward<tg::nn::GPT> bf16{s.model.get()};
+      const Bf16Forward<tg::nn::BasicGPT<D>> bf16{s.model.get()};
       const auto e = tg::train::evaluate(bf16, ds, o.batch, o.seq, o.eval_batches, s.data.tok.token_byte_lengths());
       bf16_ms = time_forward([&](const auto& idx) { return s.model->template forward<tg::bf16>(idx); });
       row("bf16", e, float_bytes / 2, bf16_ms);
@@ -65,18 +65,27 @@ int eval_only(const Options& options) {
       tg::data::BatchSampler cal(ds.train(), o.batch, o.seq, o.seed + 4);
       for (std::int64_t i = 0; i < o.calibration_batches; ++i) calibration.push_back(cal.next().inputs);
     }
+    // Quantized (and calibrated) on the host; on a GPU the int8 model is then copied there (Note [int8 GEMM on the GPU]).
+    std::optional<tg::nn::GPT> host_copy;
+    const tg::nn::GPT& host = [&]() -> const tg::nn::GPT& {
+      if constexpr (std::is_same_v<D, tg::cpu>) return *s.model;
+      else return host_copy.emplace(*s.model);
+    }();
     const tg::quant::QuantizedGPT q = tg::quant::quantize(
-        *s.model,
+        host,
         {.activations = is_static ? tg::quant::ActivationScheme::static_per_tensor : tg::quant::ActivationScheme::dynamic_per_token,
          .lm_head = o.quantize_lm_head},
         calibration);
-    const auto e = tg::train::evaluate(q, ds, o.batch, o.seq, o.eval_batches, s.data.tok.token_byte_lengths());
-    const double int8_ms = time_forward([&](const auto& idx) { return q.forward<tg::fp32>(idx); });
+    using QModel = std::conditional_t<std::is_same_v<D, tg::cpu>, const tg::quant::QuantizedGPT&, const tg::quant::CudaQuantizedGPT>;
+    QModel qm(q);
+    const auto e = tg::train::evaluate(qm, ds, o.batch, o.seq, o.eval_batches, s.data.tok.token_byte_lengths());
+    const double int8_ms = time_forward([&](const auto& idx) { return qm.template forward<tg::fp32>(idx); });
     row("int8", e, q.bytes(), int8_ms);
     std::printf("int8: %s activation scales%s, LM head %s; GEMM kernel %s\n",
                 is_static ? "static (calibrated on training batches)" : "per-token dynamic",
                 is_static ? (" over " + std::to_string(o.calibration_batches) + " batches").c_str() : "",
-                o.quantize_lm_head ? "int8" : "fp32", tg::backend::cpu::gemm_int8_kernel_name().c_str());
+                o.quantize_lm_head ? "int8" : "fp32",
+                std::is_same_v<D, tg::cpu> ? tg::backend::cpu::gemm_int8_kernel_name().c_str() : "cuBLASLt int8 (IMMA)");
     std::printf("forward speed: int8 %.2fx bf16, %.2fx fp32 (%lldx%lld tokens, median of 5)\n", bf16_ms / int8_ms, fp32_ms / int8_ms,
                 (long long)o.batch, (long long)o.seq);
     if (!o.quantize_save.empty()) {

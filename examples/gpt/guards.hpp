@@ -157,8 +157,6 @@ void validate_options(const Options& o) {
     throw tg::Error("--quantize needs --eval-only (post-training quantization evaluates a trained model: --eval-only --init-from CKPT)");
   if (!o.quantize_save.empty() && o.quantize.empty()) throw tg::Error("--quantize-save needs --quantize");
   if (o.quantize_lm_head && o.quantize.empty()) throw tg::Error("--quantize-lm-head needs --quantize");
-  if (!o.quantize.empty() && o.device != "cpu")
-    throw tg::Error("--quantize runs the int8 model on the CPU (its GPU path is not built yet); drop --device ", o.device);
   positive("--calibration-batches", o.calibration_batches, std::int64_t{1} << 20);
   if (o.eval_only && !o.resume.empty())
     throw tg::Error("--eval-only evaluates weights: give the checkpoint with --init-from, not --resume");

@@ -23,7 +23,7 @@ namespace tg::backend::cpu {
 // at run time, the best the CPU has; TG_INT8_KERNEL=reference|avx2|vnni|amx forces one (forcing one the CPU
 // lacks throws tg::Error naming it and the detected features).
 
-/// The largest K an int8 GEMM accepts: 2^31 / (255 · 128) rounded down to a multiple of 64.
+/// The largest K an int8 GEMM accepts: 2^16, under 2^31 / (255 · 128) = 65793 (no int32 partial sum overflows).
 inline constexpr std::int64_t kInt8MaxK = 65536;
 
 /// The kernels of Note [int8 GEMM], by the names TG_INT8_KERNEL takes.
