@@ -19,35 +19,26 @@
 
 namespace tg::backend::cpu {
 
+bool amx_tile_permission() {
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
 namespace {
 
 constexpr std::int64_t kTileRows = 16;  // rows of every tile
 constexpr std::int64_t kTileK = 32;     // bf16 values per A-tile row (64 bytes)
 constexpr std::int64_t kBlock = 32;     // C block per task: 2x2 tiles of 16x16
 
-// Linux keeps the AMX tile data state off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); the answer holds for every thread of the process.
-bool request_tile_permission() {
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
 bool amx_granted() {
-  static const bool ok = cpu_features().amx_bf16 && cpu_features().avx512f && request_tile_permission();
+  static const bool ok = cpu_features().amx_bf16 && cpu_features().avx512f && amx_tile_permission();
   return ok;
 }
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 __attribute__((target("amx-tile"))) void load_config() {
-  TileConfig cfg;
+  AmxTileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;  // 16 fp32 (C), 32 bf16 (A), 16 pairs of bf16 (B)
     cfg.rows[t] = kTileRows;

@@ -3,12 +3,11 @@
 // the AMX code is in functions with target attributes and runs only where amx_int8_granted().
 //   if (int8::amx_int8_granted()) { int8::amx_thread_begin(); int8::tile_amx(...); int8::amx_thread_end(); }
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdint>
 
 #include "gemm_int8_kernels.hpp"
+#include "typegrad/detail/cpu/amx.hpp"
 #include "typegrad/detail/cpu/cpu_features.hpp"
 
 namespace tg::backend::cpu::int8 {
@@ -26,22 +25,6 @@ namespace {
 // 16 x 32 int32 buffer and finished by write_tile_scalar.
 constexpr int kRows = 16;
 
-// Linux keeps the AMX tile data state off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); the answer holds for every thread of the process.
-bool request_tile_permission() {
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 __attribute__((target("amx-tile,amx-int8"))) void tiles_16x32(i64 kt, const std::int8_t* a, i64 a_ld,
                                                               const std::int8_t* b, std::int32_t* out) {
   _tile_zero(0);
@@ -58,7 +41,7 @@ __attribute__((target("amx-tile,amx-int8"))) void tiles_16x32(i64 kt, const std:
 }
 
 __attribute__((target("amx-tile"))) void load_config() {
-  TileConfig cfg;
+  AmxTileConfig cfg;
   for (int t = 0; t < 5; ++t) {  // 0, 1: C (16 x 16 int32); 2: A (16 x 64 bytes); 3, 4: B (16 k-quads x 64 bytes)
     cfg.colsb[t] = 64;
     cfg.rows[t] = kRows;
@@ -71,7 +54,7 @@ __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 }  // namespace
 
 bool amx_int8_granted() {
-  static const bool ok = cpu_features().amx_int8 && request_tile_permission();
+  static const bool ok = cpu_features().amx_int8 && amx_tile_permission();
   return ok;
 }
 

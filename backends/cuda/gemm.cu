@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "lt_algo_cache.cuh"
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
 #include "typegrad/detail/cuda/kernels.hpp"
 
@@ -118,27 +119,10 @@ struct GeluAux {
 // (types, ops, sizes, leading dims, batch strides and count, operand alignments, the epilogue and the
 // alignments of the bias and aux pointers the heuristic inspects, the aux ld), so a cached algorithm is
 // exactly the heuristic's answer for that call.
-using AlgoKey = std::array<std::int64_t, 22>;
-struct AlgoEntry {
-  cublasLtMatmulHeuristicResult_t result;
-  int found;
-};
-std::mutex g_algo_mu;
-std::map<AlgoKey, AlgoEntry>& algo_cache() {
-  static std::map<AlgoKey, AlgoEntry> cache;
+using AlgoCache = detail::LtAlgoCache<22>;
+AlgoCache& algo_cache() {
+  static AlgoCache cache;
   return cache;
-}
-bool cached_algo(const AlgoKey& key, cublasLtMatmulHeuristicResult_t& result, int& found) {
-  std::lock_guard<std::mutex> lock(g_algo_mu);
-  const auto it = algo_cache().find(key);
-  if (it == algo_cache().end()) return false;
-  result = it->second.result;
-  found = it->second.found;
-  return true;
-}
-void store_algo(const AlgoKey& key, const cublasLtMatmulHeuristicResult_t& result, int found) {
-  std::lock_guard<std::mutex> lock(g_algo_mu);
-  algo_cache()[key] = AlgoEntry{result, found};
 }
 
 template <class T>
@@ -348,15 +332,13 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     // The heuristic's answer depends only on the descriptors and alignments, so it is asked once per
     // configuration (Note [cached GEMM algorithms]). "No algorithm" is an answer here, not an error: the
     // cuBLAS path below takes any layout.
-    const AlgoKey key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
+    const AlgoCache::Key key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
                          static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
                          static_cast<std::int64_t>(epi), bias ? alignment(bias, 0) : 0,
                          gelu ? alignment(gelu->aux, 0) : 0, gelu ? gelu->ld : 0};
-    if (!cached_algo(key, result, found)) {
-      if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-      store_algo(key, result, found);
-    }
+    algo_cache().get(key, result, found, [&](cublasLtMatmulHeuristicResult_t& r, int& f) {
+      if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &r, &f) != CUBLAS_STATUS_SUCCESS) f = 0;
+    });
     if (found > 0)
       TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo,
                                      workspace_for(stream), kLtWorkspace, stream));

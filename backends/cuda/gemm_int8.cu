@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "common.cuh"
+#include "lt_algo_cache.cuh"
 #include "typegrad/detail/cpu/gemm_int8.hpp"  // kInt8MaxK, shared with the CPU
 #include "typegrad/detail/cuda/gemm_int8.hpp"
 
@@ -130,14 +131,9 @@ std::uint32_t alignment(const void* p) {
 
 // The heuristic's answer per configuration (as Note [cached GEMM algorithms] in gemm.cu): sizes, leading
 // dimensions and the operands' alignments are every input of the descriptors and preferences below.
-using AlgoKey = std::array<i64, 9>;
-struct AlgoEntry {
-  cublasLtMatmulHeuristicResult_t result;
-  int found;
-};
-std::mutex g_algo_mu;
-std::map<AlgoKey, AlgoEntry>& algo_cache() {
-  static std::map<AlgoKey, AlgoEntry> cache;
+using AlgoCache = detail::LtAlgoCache<9>;
+AlgoCache& algo_cache() {
+  static AlgoCache cache;
   return cache;
 }
 
@@ -179,22 +175,13 @@ bool lt_gemm_tn(i64 Np, i64 M, i64 Kp, const std::int8_t* W, i64 ldw, const std:
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
 
-  const AlgoKey key = {Np, M, Kp, ldw, lda, ldc, al_w, al_a, al_c};
+  const AlgoCache::Key key = {Np, M, Kp, ldw, lda, ldc, al_w, al_a, al_c};
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_mu);
-    const auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      result = it->second.result;
-      found = it->second.found;
-    } else {
-      // "No algorithm" (a status or an empty answer) is an answer here: the caller runs the plain kernel.
-      if (cublasLtMatmulAlgoGetHeuristic(h, d.desc, d.lw, d.la, d.lc, d.lc, d.pref, 1, &result, &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-      algo_cache()[key] = AlgoEntry{result, found};
-    }
-  }
+  // "No algorithm" (a status or an empty answer) is an answer here: the caller runs the plain kernel.
+  algo_cache().get(key, result, found, [&](cublasLtMatmulHeuristicResult_t& r, int& f) {
+    if (cublasLtMatmulAlgoGetHeuristic(h, d.desc, d.lw, d.la, d.lc, d.lc, d.pref, 1, &r, &f) != CUBLAS_STATUS_SUCCESS) f = 0;
+  });
   if (found <= 0) return false;
   std::optional<detail::Workspace> ws;
   if (result.workspaceSize > 0) ws.emplace(result.workspaceSize);  // cudaMalloc'd blocks: 256-byte aligned

@@ -10,6 +10,20 @@
 
 namespace tg::backend::cpu {
 
+/// Linux keeps the AMX tile data state off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+/// XFEATURE_XTILEDATA); the answer holds for every thread of the process. Asks once (thread-safe), then
+/// returns the answer. Shared by the bf16 and int8 AMX GEMMs (amx_bf16.cpp, amx_int8.cpp).
+bool amx_tile_permission();
+
+/// The 64-byte tile configuration ldtilecfg reads (palette 1): bytes per row and rows of each of the 8 tiles.
+struct alignas(64) AmxTileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
 /// Whether this CPU has AMX-BF16, the OS granted the tile state to this process, and TG_GEMM_KERNEL /
 /// TG_AMX do not ask for another kernel (TG_AMX=0 turns AMX off; any TG_GEMM_KERNEL keeps the GEMM
 /// dispatch's own choice, so kernel tests stay on the kernel they name). Read on every call (cheap).
