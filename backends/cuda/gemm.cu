@@ -22,17 +22,9 @@
 #include <vector>
 
 #include "common.cuh"
-#include "lt_algo_cache.cuh"
+#include "cublaslt.cuh"
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
 #include "typegrad/detail/cuda/kernels.hpp"
-
-#define TG_CUBLAS_CHECK(call)                                                                              \
-  do {                                                                                                     \
-    const cublasStatus_t tg_status_ = (call);                                                              \
-    if (tg_status_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      throw ::tg::Error("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #call, " failed: ",              \
-                        cublasGetStatusName(tg_status_), " (", cublasGetStatusString(tg_status_), ")");    \
-  } while (0)
 
 namespace tg::backend::cuda {
 

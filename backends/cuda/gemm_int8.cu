@@ -11,19 +11,9 @@
 #include <optional>
 
 #include "common.cuh"
-#include "lt_algo_cache.cuh"
+#include "cublaslt.cuh"
 #include "typegrad/detail/cpu/gemm_int8.hpp"  // kInt8MaxK, shared with the CPU
 #include "typegrad/detail/cuda/gemm_int8.hpp"
-
-#ifndef TG_CUBLAS_CHECK
-#define TG_CUBLAS_CHECK(call)                                                                              \
-  do {                                                                                                     \
-    const cublasStatus_t tg_status_ = (call);                                                              \
-    if (tg_status_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      throw ::tg::Error("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #call, " failed: ",              \
-                        cublasGetStatusName(tg_status_), " (", cublasGetStatusString(tg_status_), ")");    \
-  } while (0)
-#endif
 
 namespace tg::backend::cuda {
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "scoped_env.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/cpu_features.hpp"
 #include "typegrad/detail/cpu/gemm.hpp"
@@ -141,18 +142,6 @@ void check_gemm(const Case& c, std::uint32_t seed, bool with_epilogue = false, b
       }
 }
 
-/// Sets an environment variable for the lifetime of the guard (the GEMM reads its TG_GEMM_* settings on
-/// every call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 /// Forces TG_GEMM_KERNEL for the lifetime of the guard.
 struct ForceKernel : ScopedEnv {

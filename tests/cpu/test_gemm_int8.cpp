@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "scoped_env.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/cpu_features.hpp"
 #include "typegrad/detail/cpu/gemm_int8.hpp"
@@ -25,16 +26,6 @@ using tg::backend::cpu::PackedInt8Weights;
 using tg::backend::cpu::Trans;
 using i64 = std::int64_t;
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 /// The optimized kernels this CPU runs (the reference is what they are compared with).
 std::vector<Int8Kernel> fast_kernels() {

@@ -1,5 +1,6 @@
-// The cuBLASLt heuristic's answers cached per GEMM configuration (Note [cached GEMM algorithms] in gemm.cu),
-// shared by the float GEMMs (gemm.cu) and the int8 GEMM (gemm_int8.cu).
+// What the float GEMMs (gemm.cu) and the int8 GEMM (gemm_int8.cu) share of cuBLAS / cuBLASLt: the checked
+// call, and the heuristic's answers cached per GEMM configuration (Note [cached GEMM algorithms] in gemm.cu).
+//   TG_CUBLAS_CHECK(cublasLtCreate(&handle));     // throws tg::Error with file:line and cuBLAS's status name
 //   static detail::LtAlgoCache<9> cache;  cache.get(key, result, found, [&](auto& r, int& f) { ...heuristic... });
 #pragma once
 
@@ -9,6 +10,17 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+
+#include "typegrad/core/error.hpp"
+
+/// Checks a cuBLAS / cuBLASLt call: anything but CUBLAS_STATUS_SUCCESS throws tg::Error naming the call.
+#define TG_CUBLAS_CHECK(call)                                                                              \
+  do {                                                                                                     \
+    const cublasStatus_t tg_status_ = (call);                                                              \
+    if (tg_status_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      throw ::tg::Error("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #call, " failed: ",              \
+                        cublasGetStatusName(tg_status_), " (", cublasGetStatusString(tg_status_), ")");    \
+  } while (0)
 
 namespace tg::backend::cuda::detail {
 
