@@ -6,12 +6,9 @@
 #include "typegrad/ops/kl_div.hpp"
 
 #include <vector>
+#include "parallel.hpp"
 
 namespace tg::backend::cpu {
-
-namespace {
-constexpr std::int64_t kParallelMin = 1 << 14;  // elements below which a kernel stays single-threaded
-}  // namespace
 
 template <class T>
 double kl_div_forward(const T* x, const T* t, std::int64_t rows, std::int64_t v) {

@@ -10,11 +10,11 @@
 #include "typegrad/amp/rule.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
+#include "parallel.hpp"
 
 namespace tg::backend::cpu {
 
 namespace {
-constexpr std::int64_t kParallelMin = 1 << 14;  // elements below which a kernel stays single-threaded
 constexpr std::int64_t kColBlock = 64;          // columns per work item of a column reduction
 
 template <class A, class T>

@@ -3,12 +3,9 @@
 // kernel_math_t (fp32 for 16-bit storage), each result rounded once on store.
 #define TG_KERNELS_ONLY
 #include "typegrad/ops/swiglu.hpp"
+#include "parallel.hpp"
 
 namespace tg::backend::cpu {
-
-namespace {
-constexpr std::int64_t kParallelMin = 1 << 14;  // elements below which a kernel stays single-threaded
-}  // namespace
 
 template <class T>
 void swiglu_forward(const T* x, T* out, std::int64_t rows, std::int64_t n) {

@@ -7,6 +7,7 @@
 #  3. --init-from loads weights only; --init-from with --resume, or a missing checkpoint, is an error.
 #   tests/io/trainer_resume.sh build/cpu/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 T=$1
 W=$2
 rm -rf "$W" && mkdir -p "$W" && cd "$W"
@@ -16,16 +17,7 @@ C=(--warmup 2 --batch 4 --seq 32 --grad-accum 2 --dropout 0.1 --eval-every 0 --e
 A=(--steps 6 "${C[@]}")
 
 # Compares the tensor bytes (everything after the header) of two safetensors files.
-same_tensors() {
-  /usr/bin/python3 - "$1" "$2" <<'EOF'
-import struct, sys
-def data(p):
-    b = open(p, "rb").read()
-    return b[8 + struct.unpack("<Q", b[:8])[0]:]
-a, b = data(sys.argv[1]), data(sys.argv[2])
-sys.exit(0 if a == b and len(a) > 0 else 1)
-EOF
-}
+same_tensors() { /usr/bin/python3 "$HERE/same_tensors.py" "$1" "$2"; }
 losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),"lr":\([^,]*\),.*/\1 \2 \3/p' "$1"; }
 
 "$T" "${A[@]}" --save-dir full --save-every 3 --keep 0 --log full.jsonl > full.out

@@ -9,6 +9,7 @@
 #     writes a file; bad flag combinations are one-line errors (exit 2).
 #   tests/quant/trainer_compression.sh build/release/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 T=$1
 W=$2
 rm -rf "$W" && mkdir -p "$W" && cd "$W"
@@ -16,16 +17,7 @@ export OMP_NUM_THREADS=1
 if [ ! -d /usr/share/games/fortunes ]; then echo "SKIP: no fortunes corpus (package fortunes)"; exit 77; fi
 C=(--warmup 2 --batch 4 --seq 32 --eval-every 0 --eval-batches 2 --sample-tokens 8)
 
-same_tensors() {
-  /usr/bin/python3 - "$1" "$2" <<'EOF'
-import struct, sys
-def data(p):
-    b = open(p, "rb").read()
-    return b[8 + struct.unpack("<Q", b[:8])[0]:]
-a, b = data(sys.argv[1]), data(sys.argv[2])
-sys.exit(0 if a == b and len(a) > 0 else 1)
-EOF
-}
+same_tensors() { /usr/bin/python3 "$HERE/../io/same_tensors.py" "$1" "$2"; }
 # Checks a checkpoint's masks and weights: every prunable weight is zero where its mask is 0; prints the sparsity.
 # With "24" as the third argument, also that every group of 4 along the input dimension has exactly 2 zeros.
 check_masks() {
