@@ -41,12 +41,17 @@ struct SamplerPosition {
 /// A batch is read from the split's TokenStream with copy_window, so it is bit-identical whether the stream
 /// is in memory or a token file's mapping (Note [token streams]); batch_at(position) computes any batch
 /// without drawing, which is what the prefetching sampler's worker thread calls (data/prefetch.hpp).
+/// A row offset o makes the sampler's rows r those of rows o + r of the same counter: in a data-parallel run
+/// rank k draws rows k·B .. k·B + B - 1 of each global batch of size·B rows, so the ranks together draw
+/// exactly the batches one process with batch size·B draws (Note [data parallelism]).
 class BatchSampler {
  public:
   BatchSampler(TokenSplit split, std::int64_t batch, std::int64_t context, std::uint64_t seed = 0,
-               SampleMode mode = SampleMode::random)
-      : split_(std::move(split)), batch_(batch), context_(context), mode_(mode), gen_(seed) {
+               SampleMode mode = SampleMode::random, std::int64_t row_offset = 0)
+      : split_(std::move(split)), batch_(batch), context_(context), mode_(mode), row_offset_(row_offset), gen_(seed) {
     TG_CHECK(batch > 0, "BatchSampler: batch must be > 0, got ", batch);
+    TG_CHECK(row_offset >= 0 && (mode == SampleMode::random || row_offset == 0), "BatchSampler: a row offset (",
+             row_offset, ") needs random mode and must be >= 0");
     TG_CHECK(context > 0, "BatchSampler: context must be > 0, got ", context);
     TG_CHECK(split_.stream && split_.size >= context + 1, "BatchSampler: the split has ", split_.size,
              " tokens, fewer than context + 1 = ", context + 1, " (one window of inputs and its shifted targets)");
@@ -59,6 +64,8 @@ class BatchSampler {
   std::int64_t batch_size() const { return batch_; }
   std::int64_t context() const { return context_; }
   SampleMode mode() const { return mode_; }
+  /// The global row of this sampler's row 0 (a data-parallel rank's first row).
+  std::int64_t row_offset() const { return row_offset_; }
   const TokenSplit& split() const { return split_; }
   /// Random mode: the number of distinct window starts (n - T). Sequential: windows per pass, (n - 1) / T.
   std::int64_t num_windows() const {
@@ -83,7 +90,7 @@ class BatchSampler {
       const auto n_starts = static_cast<std::uint64_t>(num_windows());
       starts.resize(static_cast<std::size_t>(batch_));
       for (std::int64_t r = 0; r < batch_; ++r) {
-        const auto ru = static_cast<std::uint64_t>(r);
+        const auto ru = static_cast<std::uint64_t>(r + row_offset_);
         const auto w = detail::philox4x32_10(
             {static_cast<std::uint32_t>(counter), static_cast<std::uint32_t>(counter >> 32),
              static_cast<std::uint32_t>(ru), static_cast<std::uint32_t>(ru >> 32)},
@@ -129,6 +136,7 @@ class BatchSampler {
   std::int64_t batch_;
   std::int64_t context_;
   SampleMode mode_;
+  std::int64_t row_offset_ = 0;
   Generator gen_;  // (seed, offset) = (seed, batches drawn)
 };
 

@@ -14,6 +14,7 @@
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/reduce.hpp"
 #include "typegrad/ops/views.hpp"
+#include "typegrad/optim/cross_rank.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -27,18 +28,25 @@ namespace tg::optim {
 // When total is finite and c = max_norm / (total + 1e-6) < 1, every gradient is scaled by c in place (fp32);
 // otherwise nothing changes. A NaN or infinite total is returned as it is and the gradients are left
 // untouched, so a caller (or a loss scaler) can skip the step. Returns total, before scaling. One function
-// for every device and every optimizer (BasicOptimizer<D>) or list of parameters.
+// for every device and every optimizer (BasicOptimizer<D>) or list of parameters. With a CrossRank whose
+// ranks hold shards of the gradients (ZeRO), Σ g² is summed over the ranks before the square root, so every
+// rank clips by the same global norm (Note [cross-rank step decisions]).
 
 namespace detail {
+inline double across_ranks(double sq, const CrossRank* cross) {
+  if (cross && cross->sharded_grads()) cross->sum(std::span<double>(&sq, 1));
+  return sq;
+}
+
 template <Device D, class ForEach>
-double clip_by_global_norm(ForEach&& for_each, double max_norm) {
+double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank* cross = nullptr) {
   TG_CHECK(max_norm >= 0 && !std::isnan(max_norm), "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   if constexpr (std::is_same_v<D, cpu>) {
     double sq = 0;
     for_each([&](const Param& p) {
       if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) sq += backend::cpu::sum_squares<fp32>(g.data(), g.numel());
     });
-    const double total = std::sqrt(sq);
+    const double total = std::sqrt(across_ranks(sq, cross));
     if (!std::isfinite(total)) return total;
     const double coef = max_norm / (total + 1e-6);
     if (coef < 1.0)
@@ -56,7 +64,7 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm) {
     const Tensor<fp64, D> s = sum(mul(g64, g64));
     sq = sq.defined() ? add(sq, s) : s;
   });
-  const double total = sq.defined() ? std::sqrt(static_cast<double>(sq.item())) : 0.0;
+  const double total = std::sqrt(across_ranks(sq.defined() ? static_cast<double>(sq.item()) : 0.0, cross));
   if (!std::isfinite(total)) return total;
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0)
@@ -77,8 +85,8 @@ double clip_grad_norm(const std::vector<BasicParam<D>>& params, double max_norm)
   return clip_grad_norm(std::span<const BasicParam<D>>(params), max_norm);
 }
 template <Device D>
-double clip_grad_norm(const BasicOptimizer<D>& opt, double max_norm) {
-  return detail::clip_by_global_norm<D>([&](auto&& f) { opt.for_each_param(f); }, max_norm);
+double clip_grad_norm(const BasicOptimizer<D>& opt, double max_norm, const CrossRank* cross = nullptr) {
+  return detail::clip_by_global_norm<D>([&](auto&& f) { opt.for_each_param(f); }, max_norm, cross);
 }
 /// The global gradient norm without clipping.
 template <Device D>

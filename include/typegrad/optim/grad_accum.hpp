@@ -103,11 +103,18 @@ class GradAccumulator {
   bool micro_step(Opt& opt, Schedule& schedule, std::optional<double> max_grad_norm, Scaler& scaler) {
     if (++micro_ < n()) return false;
     micro_ = 0;
-    const bool found_inf = scaler.unscale(opt);
+    bool found_inf = scaler.unscale(opt);
+    bool bad_loss = std::exchange(bad_loss_, false);
+    const bool bad_loss_here = bad_loss;
+    const double bad_loss_value = bad_loss_value_;
+    if (cross_) {  // every rank decides alike (Note [cross-rank step decisions])
+      double flags[2] = {found_inf ? 1.0 : 0.0, bad_loss ? 1.0 : 0.0};
+      cross_->sum(flags);
+      found_inf = flags[0] > 0;
+      bad_loss = flags[1] > 0;
+    }
     scaler.update(found_inf);
     last_skipped_ = found_inf;
-    const bool bad_loss = std::exchange(bad_loss_, false);
-    const double bad_loss_value = bad_loss_value_;
     if (found_inf) {
       opt.zero_grad();
       ++skipped_;
@@ -119,10 +126,11 @@ class GradAccumulator {
     }();
     if (on_non_finite_ != OnNonFinite::apply && !scaler_checks) {
       // Note [non-finite steps without a scaler]: one pass measures (and clips) the global norm.
-      last_norm_ = clip_grad_norm(opt, max_grad_norm.value_or(std::numeric_limits<double>::infinity()));
+      last_norm_ = clip_grad_norm(opt, max_grad_norm.value_or(std::numeric_limits<double>::infinity()), cross_);
       if (bad_loss || !std::isfinite(last_norm_)) {
         opt.zero_grad();
         if (on_non_finite_ == OnNonFinite::stop) {
+          if (bad_loss && !bad_loss_here) throw NonFiniteStep("another rank's loss is not finite; no update was applied");
           if (bad_loss) throw NonFiniteStep("the loss is ", bad_loss_value, "; no update was applied");
           throw NonFiniteStep("the global gradient norm is ", last_norm_, "; no update was applied");
         }
@@ -132,7 +140,7 @@ class GradAccumulator {
       }
       max_grad_norm.reset();  // clipped above
     }
-    if (max_grad_norm) last_norm_ = clip_grad_norm(opt, *max_grad_norm);
+    if (max_grad_norm) last_norm_ = clip_grad_norm(opt, *max_grad_norm, cross_);
     opt.set_lr(schedule.lr());
     opt.step();
     schedule.advance();
@@ -144,6 +152,9 @@ class GradAccumulator {
   /// Note [non-finite steps without a scaler]: what to do with a NaN/inf loss or gradient norm when no
   /// loss scaler checks the gradients (default: apply, as torch does).
   void on_non_finite(OnNonFinite policy) { on_non_finite_ = policy; }
+  /// The other ranks of a data-parallel run (Note [cross-rank step decisions]); nullptr: one process. Watched,
+  /// not owned.
+  void cross_rank(const CrossRank* c) { cross_ = c; }
   OnNonFinite non_finite_policy() const { return on_non_finite_; }
   /// Reports a micro-batch's loss; a non-finite one makes the step boundary stop or skip (per the policy).
   void note_loss(double loss) {
@@ -187,6 +198,7 @@ class GradAccumulator {
   std::int64_t skipped_ = 0;
   bool last_skipped_ = false;
   OnNonFinite on_non_finite_ = OnNonFinite::apply;
+  const CrossRank* cross_ = nullptr;
   bool bad_loss_ = false;
   double bad_loss_value_ = 0.0;
 };

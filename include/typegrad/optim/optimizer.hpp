@@ -183,6 +183,15 @@ class BasicOptimizer : public AnyOptimizer {
     return out;
   }
 
+  /// Drops the state of every parameter whose name `keep` rejects (as if never updated): a ZeRO rank keeps
+  /// its shard after loading a consolidated checkpoint (dist::DataParallel::shard_loaded_state).
+  template <class Keep>
+  void keep_state_only(Keep&& keep) {
+    for (auto& g : groups_)
+      for (std::size_t i = 0; i < g.params.size(); ++i)
+        if (!keep(g.params[i].name)) g.state[i] = State{};
+  }
+
   /// Host fp32 copies of the state: "<param>.<slot>" and "<param>.step" for every parameter updated so far,
   /// plus "optimizer.step".
   std::vector<NamedTensor> state_tensors() const override {

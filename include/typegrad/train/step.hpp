@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "typegrad/amp/fp32_matmul.hpp"
 #include "typegrad/amp/mixed_precision.hpp"
 #include "typegrad/autodiff/checkpoint.hpp"
+#include "typegrad/optim/cross_rank.hpp"
 #include "typegrad/optim/grad_accum.hpp"
 #include "typegrad/optim/optimizer.hpp"
 #include "typegrad/optim/schedule.hpp"
@@ -47,6 +49,20 @@ struct StepResult {
   bool skipped = false;   ///< no update was applied (inf/NaN gradients under a scaler, or OnNonFinite::skip)
 };
 
+/// A data-parallel run's part in each step (dist::DataParallel implements it; Note [data parallelism]): it is
+/// told around each micro-batch's backward, so it can reduce gradients while backward runs (on the last
+/// micro-batch only), and after each update taken, so it can gather sharded weights; its CrossRank makes the
+/// boundary decide alike on every rank (Note [cross-rank step decisions]).
+class StepSync : public optim::CrossRank {
+ public:
+  /// Before micro-batch `micro` (0 .. n-1) of a step runs its backward.
+  virtual void before_backward(std::int64_t micro, std::int64_t n) = 0;
+  /// After its backward; on the last micro-batch the gradients are reduced over the ranks when this returns.
+  virtual void after_backward(std::int64_t micro, std::int64_t n) = 0;
+  /// After an optimizer step that was taken, before the weight copies are refreshed.
+  virtual void after_update() = 0;
+};
+
 /// The settings of a step boundary.
 struct StepOptions {
   std::optional<double> clip;                                ///< clip the global gradient norm to this
@@ -57,6 +73,9 @@ struct StepOptions {
   /// Called after an optimizer step that was taken (not on a skipped one), before the 16-bit weight copies
   /// are refreshed from the masters (pruning zeroes the pruned weights here).
   std::function<void()> after_update;
+  /// A data-parallel run's synchronisation (dist::DataParallel), watched, not owned; nullptr: one process.
+  /// StepResult::loss is then the mean over the ranks.
+  StepSync* sync = nullptr;
 };
 
 template <amp::PrecisionPolicy P, ActivationCheckpointing Checkpointing = NoCheckpoint, Device D = cpu,
@@ -82,6 +101,7 @@ class TrainStep {
         options_(options),
         opt_(&opt) {
     accum_.on_non_finite(options_.on_non_finite);
+    accum_.cross_rank(options_.sync);
   }
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -111,12 +131,22 @@ class TrainStep {
       const double value = static_cast<double>(loss.item());
       r.loss += value / static_cast<double>(n);
       accum_.note_loss(value);
+      if (options_.sync) options_.sync->before_backward(m, n);
       accum_.scale(loss, precision_.scaler).backward();
+      if (options_.sync) options_.sync->after_backward(m, n);
       if (m + 1 == n && options_.before_update) options_.before_update();
       if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
-        if (!accum_.last_step_skipped() && options_.after_update) options_.after_update();
+        if (!accum_.last_step_skipped()) {
+          if (options_.sync) options_.sync->after_update();
+          if (options_.after_update) options_.after_update();
+        }
         precision_.after_step(accum_);
       }
+    }
+    if (options_.sync && options_.sync->ranks() > 1) {  // the mean over the ranks (equal micro-batches)
+      double mean = r.loss / options_.sync->ranks();
+      options_.sync->sum(std::span<double>(&mean, 1));
+      r.loss = mean;
     }
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();

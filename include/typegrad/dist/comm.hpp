@@ -1,0 +1,177 @@
+// Communicators: one interface for collectives between the processes of a run (all-reduce, reduce-scatter,
+// all-gather, broadcast, send/recv, barrier; sum or mean; blocking or async with a handle), implemented by
+// MPI for CPU buffers, NCCL for CUDA buffers, and a single-process world that needs neither.
+//   tg::dist::Communicator& world = tg::dist::world();        // MPI under mpirun/srun, else world size 1
+//   world.all_reduce(t, tg::dist::ReduceOp::avg);  auto w = world.all_reduce_async(buffer_of(t));  w.wait();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "typegrad/core/device.hpp"
+#include "typegrad/core/dtype.hpp"
+#include "typegrad/core/error.hpp"
+#include "typegrad/core/tensor.hpp"
+
+namespace tg::dist {
+
+// Note [communicators]
+// A Communicator is one group of processes (ranks 0 .. size-1) and the collectives over raw buffers of one
+// element type (fp32, fp64, bf16, fp16, int64, int32, uint8) on one device. Every rank calls the same
+// collectives in the same order with the same counts (MPI's and NCCL's rule); a mismatch is undefined there,
+// so the layers above (DataParallel) derive every call from state all ranks share. ReduceOp::avg is the sum
+// divided by size(), applied after the sum (so it is the sum's rounding, then one division). 16-bit sums are
+// added in fp32 and rounded once per pairwise addition.
+//   * MPI (src/dist/comm.cpp, Debian's OpenMPI): CPU buffers; each call is one of MPI's non-blocking
+//     collectives (so calls in flight start in program order on every rank, as MPI requires), progressed
+//     by Work::test() and completed by Work::wait(). Every rank ends an all-reduce with the same bits (the
+//     tests check it for 2 and 3 ranks), so DDP replicas that start equal stay equal. A wait longer than
+//     the timeout (set_timeout, default 300 s) ends the
+//     process with a message naming the call: a rank that died or hangs never leaves the others waiting
+//     forever. Errors inside MPI are returned, not fatal, and become the same message.
+//   * NCCL (backends/cuda/nccl.cu): CUDA buffers; work runs on the communicator's own stream, ordered after
+//     the caller's stream by an event, and Work::wait() makes the caller's stream wait for it. Its unique id
+//     is broadcast over the MPI world.
+//   * SingleProcess: size 1; every collective is the identity (a copy where input and output differ), so a
+//     program written for N ranks runs alone unchanged, with no MPI daemon.
+
+enum class ReduceOp { sum, avg };
+
+/// A raw buffer: `count` elements of `dtype` at `data` on `device`.
+struct Buffer {
+  void* data = nullptr;
+  std::int64_t count = 0;
+  DType dtype = DType::f32;
+  DeviceKind device = DeviceKind::cpu;
+};
+
+/// A contiguous tensor's elements as a Buffer.
+template <Element T, Device D>
+Buffer buffer_of(const Tensor<T, D>& t) {
+  TG_CHECK(t.is_contiguous(), "dist: a communicated tensor must be contiguous, its shape is ", t.shape(), " with strides ",
+           t.strides());
+  return {static_cast<void*>(t.data()), t.numel(), dtype_traits<T>::dtype, device_traits<D>::kind};
+}
+
+/// An operation in flight. test() progresses it and says whether it finished; wait() blocks until it has
+/// (then the output buffer holds the result). A default-constructed Work is already complete.
+class Work {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual bool test() = 0;
+    virtual void wait() = 0;
+  };
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool test() { return !impl_ || impl_->test(); }
+  void wait() {
+    if (impl_) impl_->wait();
+    impl_.reset();
+  }
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "mpi", "nccl" or "single".
+  virtual std::string backend() const = 0;
+  /// The device whose buffers this communicator moves.
+  virtual DeviceKind device() const = 0;
+
+  /// In place: every rank's `buf` becomes the elementwise sum (or mean) over the ranks.
+  virtual Work all_reduce_async(Buffer buf, ReduceOp op) = 0;
+  /// `send` holds counts[0] + ... + counts[size-1] elements; rank r receives the reduction of its part (the
+  /// counts[r] elements after the first r parts) in `recv` (counts[r] elements). Counts may be 0.
+  virtual Work reduce_scatter_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts, ReduceOp op) = 0;
+  /// Rank r's `send` (counts[r] elements) lands in every rank's `recv` after the parts of ranks 0 .. r-1.
+  /// `send` may alias that part of `recv` (in place).
+  virtual Work all_gather_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts) = 0;
+  /// Every rank's `buf` becomes root's.
+  virtual Work broadcast_async(Buffer buf, int root) = 0;
+  virtual void send(Buffer buf, int peer, int tag) = 0;
+  virtual void recv(Buffer buf, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+
+  void all_reduce(Buffer buf, ReduceOp op) { all_reduce_async(buf, op).wait(); }
+  void reduce_scatter(Buffer send, Buffer recv, std::span<const std::int64_t> counts, ReduceOp op) {
+    reduce_scatter_async(send, recv, counts, op).wait();
+  }
+  void all_gather(Buffer send, Buffer recv, std::span<const std::int64_t> counts) { all_gather_async(send, recv, counts).wait(); }
+  void broadcast(Buffer buf, int root) { broadcast_async(buf, root).wait(); }
+
+  template <Element T, Device D>
+  void all_reduce(const Tensor<T, D>& t, ReduceOp op) {
+    all_reduce(buffer_of(t), op);
+  }
+  template <Element T, Device D>
+  void broadcast(const Tensor<T, D>& t, int root) {
+    broadcast(buffer_of(t), root);
+  }
+  /// Sums (or averages) host doubles over the ranks, in place.
+  void all_reduce(std::span<double> values, ReduceOp op) {
+    all_reduce(Buffer{values.data(), static_cast<std::int64_t>(values.size()), DType::f64, DeviceKind::cpu}, op);
+  }
+  /// Every rank's string, in rank order (host only; for start-up checks and messages).
+  std::vector<std::string> all_gather_strings(const std::string& mine);
+
+  /// How long a wait may take before the process ends with a message (Note [communicators]).
+  void set_timeout(std::chrono::seconds s) { timeout_ = s; }
+  std::chrono::seconds timeout() const { return timeout_; }
+
+ protected:
+  /// Checks the arguments every implementation shares (names the call in the message).
+  void check_counts(const char* what, std::span<const std::int64_t> counts) const;
+
+ private:
+  std::chrono::seconds timeout_{300};
+};
+
+/// The size-1 world: collectives are identities (Note [communicators]).
+class SingleProcess final : public Communicator {
+ public:
+  explicit SingleProcess(DeviceKind device = DeviceKind::cpu) : device_(device) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  DeviceKind device() const override { return device_; }
+  Work all_reduce_async(Buffer, ReduceOp) override { return {}; }
+  Work reduce_scatter_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts, ReduceOp op) override;
+  Work all_gather_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts) override;
+  Work broadcast_async(Buffer, int root) override;
+  void send(Buffer, int peer, int) override;
+  void recv(Buffer, int peer, int) override;
+  void barrier() override {}
+
+ private:
+  DeviceKind device_;
+};
+
+/// Whether this process was started by an MPI launcher (mpirun, mpiexec, srun): its environment names a rank.
+bool launched_by_mpi();
+/// Whether typegrad was built with MPI (TG_HAVE_MPI).
+bool have_mpi();
+/// The process world: MPI's COMM_WORLD when launched by an MPI launcher (MPI is initialised on first use and
+/// finalised at exit), else a SingleProcess. Started by a launcher without MPI support built in: an error.
+Communicator& world();
+/// Ends every rank of the world now with `code` (MPI_Abort under MPI; exit otherwise), after flushing
+/// stdout and stderr. For an error on one rank that the others cannot see.
+[[noreturn]] void abort_world(int code);
+
+/// Ends the process after a communication failure or timeout: one line on stderr naming the rank and `what`,
+/// then abort_world(5).
+[[noreturn]] void communication_failed(const Communicator& comm, const std::string& what);
+
+}  // namespace tg::dist

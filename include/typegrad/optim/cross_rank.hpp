@@ -1,0 +1,29 @@
+// What the step boundary asks of the other ranks of a data-parallel run (Note [cross-rank step decisions]).
+//   struct Mine : tg::optim::CrossRank { void sum(std::span<double> v) const override; bool sharded_grads() const override; int ranks() const override; };
+//   accum.cross_rank(&mine);   // GradAccumulator::micro_step then decides skips and norms for every rank alike
+#pragma once
+
+#include <span>
+
+namespace tg::optim {
+
+// Note [cross-rank step decisions]
+// In a data-parallel run each rank runs its own step boundary, and every rank must decide the same way:
+// whether the step is skipped (a loss scaler's inf/NaN, a non-finite loss under OnNonFinite) and by how much
+// the gradients are clipped. A CrossRank tells the boundary how: sum() adds numbers over the ranks (every
+// rank gets the same sums), and sharded_grads() says whether each rank holds only its shard of the reduced
+// gradients (ZeRO), so that squared norms are summed over the ranks, or every rank holds all of them (DDP),
+// so that the local norm is already the global one. The inf/NaN and bad-loss flags are always summed: a
+// loss is each rank's own. Without a CrossRank (one process) nothing changes.
+class CrossRank {
+ public:
+  virtual ~CrossRank() = default;
+  /// Sums `values` over the ranks, in place.
+  virtual void sum(std::span<double> values) const = 0;
+  /// Whether each rank holds only its shard of the gradients at the step boundary.
+  virtual bool sharded_grads() const = 0;
+  /// The number of ranks.
+  virtual int ranks() const = 0;
+};
+
+}  // namespace tg::optim
