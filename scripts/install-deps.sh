@@ -14,6 +14,7 @@ PACKAGES=(
   python3-matplotlib                          # train_gpt --plot (scripts/plot_log.py)
   libopenblas0-pthread                        # an optimized BLAS for PyTorch (else netlib BLAS at 1-5 GFLOP/s)
   clang libclang-rt-14-dev libomp-dev         # second compiler, sanitizer runtimes, libFuzzer, clang OpenMP (tests/io/fuzz)
+  libopenmpi-dev openmpi-bin                  # tg::dist's MPI communicator and mpirun (data-parallel training, tests/dist)
 )
 
 missing=()

@@ -1,11 +1,13 @@
 // Without the CUDA backend every device call reports that clearly; device_count() is 0 so GPU tests skip.
 // The op kernels need nothing here: their CUDA declarations are then inline definitions that throw (Note
-// [kernels declared once]); this file holds the runtime's entry points and the CUDA-only launches.
+// [kernels declared once]); this file holds the runtime's entry points, the CUDA-only launches and
+// tg::dist::make_nccl_communicator.
 #include "typegrad/config.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cuda/gemm_int8.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
+#include "typegrad/dist/nccl.hpp"
 
 namespace tg::backend {
 void no_cuda_backend(const char* what) {
@@ -20,6 +22,7 @@ namespace {
 }  // namespace
 int device_count() { return 0; }
 std::string device_description() { return "no CUDA backend in this build"; }
+void set_device(int) { no_backend("set_device"); }
 void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_host_to_device"); }
 void copy_device_to_host(void*, const void*, std::size_t) { no_backend("copy_device_to_host"); }
 void copy_device_to_device(void*, const void*, std::size_t) { no_backend("copy_device_to_device"); }
@@ -67,4 +70,9 @@ void gemm_s8_dequant(std::int64_t, std::int64_t, std::int64_t, const std::int8_t
 std::int64_t int8_padded_gemm_calls() { return 0; }
 std::int64_t int8_gemm_fallback_calls() { return 0; }
 }  // namespace tg::backend::cuda
+namespace tg::dist {
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator&) {
+  throw Error("dist: typegrad was built without CUDA, so there is no NCCL communicator");
+}
+}  // namespace tg::dist
 #endif

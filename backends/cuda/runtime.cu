@@ -15,6 +15,12 @@ int device_count() {
   return n;
 }
 
+void set_device(int index) {
+  const int n = device_count();
+  if (index < 0 || index >= n) throw Error("set_device: device ", index, " does not exist (", n, " CUDA devices)");
+  TG_CUDA_CHECK(cudaSetDevice(index));
+}
+
 std::string device_description() {
   int n = 0;
   const cudaError_t st = cudaGetDeviceCount(&n);

@@ -158,6 +158,13 @@ void validate_options(const Options& o) {
   if (!o.quantize_save.empty() && o.quantize.empty()) throw tg::Error("--quantize-save needs --quantize");
   if (o.quantize_lm_head && o.quantize.empty()) throw tg::Error("--quantize-lm-head needs --quantize");
   positive("--calibration-batches", o.calibration_batches, std::int64_t{1} << 20);
+  if (!o.dist.empty()) {
+    if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))
+      throw tg::Error("--bucket-mb must be a positive number of MiB up to 4096, got ", o.bucket_mb);
+    positive("--dist-timeout", o.dist_timeout, 86400);
+    if (o.eval_only) throw tg::Error("--eval-only trains nothing: --dist is a training flag");
+    if (!o.data_export.empty()) throw tg::Error("--data-export writes a file and exits: run it without --dist");
+  }
   if (o.eval_only && !o.resume.empty())
     throw tg::Error("--eval-only evaluates weights: give the checkpoint with --init-from, not --resume");
   if (o.eval_only && (!o.prune.empty() || !o.distill_from.empty()))

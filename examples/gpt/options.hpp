@@ -81,6 +81,15 @@ struct Options {
   std::int64_t calibration_batches = 8;  // training batches for int8-static's activation scales
   bool quantize_lm_head = false;     // quantize the LM head too
   std::string quantize_save;         // write the int8 model to this safetensors file
+  // data parallelism (docs/distributed.md, Note [data parallelism in the trainer])
+  std::string dist;                  // "": one process; ddp | zero1 | zero2
+  double bucket_mb = 25;             // gradient bucket size in MiB
+  std::string reduce_dtype = "fp32"; // fp32 | bf16: the gradients' precision on the wire
+  bool dist_overlap = true;          // start bucket reductions during backward
+  std::int64_t dist_timeout = 300;   // seconds a rank waits for the others before it ends the run
+  int world = 1, rank = 0;           // filled by main from the MPI world
+  /// Sequences per optimizer micro-step over every rank (--batch is per rank).
+  std::int64_t global_batch() const { return batch * world; }
 };
 
 /// Parses and checks the command line into `o`. Returns the exit code when the process should end now (--help:
@@ -98,6 +107,12 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--batch", o.batch, "sequences per micro-batch");
   app.add_option("--seq", o.seq, "tokens per sequence");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
+  app.add_option("--dist", o.dist, "data parallelism over the ranks mpirun starts: ddp, zero1 (optimizer state sharded) or zero2 "
+                                   "(gradients too); --batch is per rank")->check(CLI::IsMember({"ddp", "zero1", "zero2"}));
+  app.add_option("--bucket-mb", o.bucket_mb, "--dist: gradient bucket size in MiB (reduced while backward runs)");
+  app.add_option("--reduce-dtype", o.reduce_dtype, "--dist: the gradients' precision on the wire")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--dist-overlap", o.dist_overlap, "--dist: start each bucket's reduction during backward (0: after it)");
+  app.add_option("--dist-timeout", o.dist_timeout, "--dist: seconds a rank waits for the others before it ends the run");
   app.add_option("--steps", o.steps, "optimizer steps");
   app.add_option("--lr", o.lr, "peak learning rate");
   CLI::Option* min_lr_flag = app.add_option("--min-lr", o.min_lr, "final learning rate of the decay (default lr/10; at most --lr)");

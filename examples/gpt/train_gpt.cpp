@@ -26,6 +26,7 @@ int train(const Options& options) {
     step_options.before_update = [&] { s.prune->pruner.apply_to_grads(); };
     step_options.after_update = [&] { s.prune->pruner.apply_to_weights(); };
   }
+  step_options.sync = s.dp.get();  // --dist: reduce gradients over the ranks (Note [data parallelism in the trainer])
   tg::train::TrainStep<P, C, D> step(s.params, *s.opt, s.schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
   s.resume(step);  // --resume: weights, optimizer, positions, loss scaler (and pruning masks)
   if (s.prune && s.start_step == 0 && s.prune->update(0)) step.refresh_weights();  // one-shot pruning before step 1
@@ -36,7 +37,7 @@ int train(const Options& options) {
                                         o.distill_temperature);
   };
   tg::train::JsonLinesLog log(o.log, s.start_step, o.log_errors == "warn" ? tg::train::OnLogError::warn : tg::train::OnLogError::stop);
-  tg::train::RunClock clock(o.batch * o.seq * o.grad_accum, s.start_step, o.steps);
+  tg::train::RunClock clock(o.global_batch() * o.seq * o.grad_accum, s.start_step, o.steps);
   s.template print_header<decltype(step)>();
   s.validate(0);
   const auto started = tg::train::Clock::now();
@@ -78,13 +79,45 @@ int train(const Options& options) {
   X(tg::amp::bf16_mixed, tg::RecomputeAll) X(tg::amp::fp16_mixed, tg::NoCheckpoint)                              \
   X(tg::amp::fp16_mixed, tg::SelectiveRecompute) X(tg::amp::fp16_mixed, tg::RecomputeAll)
 #ifndef TRAIN_GPT_LOOP_ONLY  // train_gpt_cuda.cpp includes this file for the loop and compiles its GPU runs
+namespace train_gpt {
+/// "rank 2 of 4: " in a --dist run's error messages, "" otherwise.
+inline std::string rank_prefix(const Options& o) {
+  return o.world > 1 ? "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world) + ": " : std::string();
+}
+}  // namespace train_gpt
 #define TRAIN_GPT_GPU_RUN(P, C) extern template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&);
 TRAIN_GPT_RUNS(TRAIN_GPT_GPU_RUN)
 
 int main(int argc, char** argv) {
   train_gpt::Options o;
   if (const auto code = train_gpt::parse_command_line(argc, argv, o)) return *code;  // options.hpp
+  // An error on one rank of a --dist run ends every rank (they would wait for it otherwise).
+  const auto fail = [&](int code) {
+    if (o.world > 1) tg::dist::abort_world(code);
+    return code;
+  };
   try {
+    if (!o.dist.empty() || tg::dist::launched_by_mpi()) {  // Note [data parallelism in the trainer]
+      tg::dist::Communicator& world = tg::dist::world();
+      o.world = world.size();
+      o.rank = world.rank();
+      if (o.dist.empty() && o.world > 1)
+        throw tg::Error("this process is one of ", o.world, " ranks started by an MPI launcher: pass --dist ddp, zero1 or zero2 "
+                        "(or start one process)");
+      const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+      const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      if (o.threads == 0 && o.world > 1) {  // the machine's CPUs shared among its ranks
+        const int per_node = local_size ? std::max(1, std::atoi(local_size)) : o.world;
+        o.threads = std::max(1, train_gpt::available_cpus() / per_node);
+      }
+      if (o.device == "cuda" && tg::backend::cuda::device_count() > 1)  // one GPU per rank of a machine, before any allocation
+        tg::backend::cuda::set_device((local_rank ? std::atoi(local_rank) : o.rank) % tg::backend::cuda::device_count());
+      if (o.rank != 0) {  // rank 0 prints and logs; the others only report errors
+        o.log.clear();
+        o.plot.clear();
+        if (!std::freopen("/dev/null", "w", stdout)) throw tg::Error("--dist: rank ", o.rank, " cannot silence its output");
+      }
+    }
     if (!o.data_export.empty()) return train_gpt::export_tokens(o, train_gpt::load_training_data(o, std::nullopt));
     if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
@@ -97,20 +130,21 @@ int main(int argc, char** argv) {
     });
   } catch (const tg::optim::NonFiniteStep& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "\ntrain_gpt: error: %s\n", e.what());
-    return 3;
+    std::fprintf(stderr, "\ntrain_gpt: error: %s%s\n", train_gpt::rank_prefix(o).c_str(), e.what());
+    return fail(3);
   } catch (const tg::Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 2;
+    std::fprintf(stderr, "train_gpt: error: %s%s\n", train_gpt::rank_prefix(o).c_str(), e.what());
+    return fail(2);
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    std::fprintf(stderr, "train_gpt: error: out of memory (an allocation failed; lower --batch or --seq, or use a smaller --model)\n");
-    return 2;
+    std::fprintf(stderr, "train_gpt: error: %sout of memory (an allocation failed; lower --batch or --seq, or use a smaller --model)\n",
+                 train_gpt::rank_prefix(o).c_str());
+    return fail(2);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 2;
+    std::fprintf(stderr, "train_gpt: error: %s%s\n", train_gpt::rank_prefix(o).c_str(), e.what());
+    return fail(2);
   }
 }
 #endif  // TRAIN_GPT_LOOP_ONLY

@@ -24,6 +24,9 @@
 #include <typegrad/data/prefetch.hpp>
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/detail/cuda/runtime.hpp>
+#include <typegrad/dist/comm.hpp>
+#include <typegrad/dist/data_parallel.hpp>
+#include <typegrad/dist/nccl.hpp>
 #include <typegrad/io/model_config.hpp>
 #include <typegrad/io/scaler_state.hpp>
 #include <typegrad/io/train_state.hpp>
@@ -122,7 +125,7 @@ inline std::string run_config_json(const Options& o) {
     return std::string(buf);
   };
   std::ostringstream j;
-  j << "{\"data\":" << str(o.data) << ",\"tokenizer\":" << str(o.tokenizer) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.batch << ",\"seq\":" << o.seq
+  j << "{\"data\":" << str(o.data) << ",\"tokenizer\":" << str(o.tokenizer) << ",\"model\":" << str(o.model) << ",\"batch\":" << o.global_batch() << ",\"seq\":" << o.seq
     << ",\"grad_accum\":" << o.grad_accum << ",\"steps\":" << o.steps << ",\"lr\":" << num(o.lr) << ",\"min_lr\":" << num(o.min_lr)
     << ",\"warmup\":" << o.warmup << ",\"schedule\":" << str(o.schedule) << ",\"optimizer\":" << str(o.optimizer)
     << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
@@ -178,7 +181,7 @@ inline void validate_resume_record(const Options& o, const std::string& path, co
     return it == r.scalars.end() ? std::nullopt : std::optional<double>(it->second);
   };
   if (auto v = scalar("tokens_done")) {
-    const std::int64_t tokens = count_field(path, "tokens_done", *v), per_step = o.batch * o.seq * o.grad_accum;
+    const std::int64_t tokens = count_field(path, "tokens_done", *v), per_step = o.global_batch() * o.seq * o.grad_accum;
     // With the same settings every step (taken or skipped) consumed per_step tokens.
     if (tg::io::config_differences(r.config_json, run_config_json(o)).empty() && tokens != r.step * per_step)
       bad("state field 'tokens_done' is ", tokens, ", but ", r.step, " steps of ", per_step, " tokens make ", r.step * per_step);
@@ -264,7 +267,7 @@ class Session {
     token_bytes_ = data.tok.token_byte_lengths();
     check_memory(o, config);  // before the model is allocated
     if (!o.save_dir.empty()) {  // a save directory that cannot be written is found now, not at the first save
-      ckpts.emplace(o.save_dir, o.keep);
+      if (o.rank == 0) ckpts.emplace(o.save_dir, o.keep);  // under --dist rank 0 writes (Note [data parallelism in the trainer])
       ckpts->check_writable();
     }
     if (!o.plot.empty()) {  // the plot is written at the end: a path that cannot take it is found now
@@ -284,7 +287,8 @@ class Session {
     if (!o.distill_from.empty()) teacher = std::make_unique<Teacher<D>>(o, o.tokenizer_json);  // Note [the teacher]
     opt = make_optimizer<D>(o, params);
     schedule = make_schedule(o, o.steps);
-    sampler.emplace(tg::data::BatchSampler(data.ds->train(), o.batch, o.seq, o.seed + 3));  // Note [prefetching batches]
+    // Note [prefetching batches]; a data-parallel rank draws its own rows of each global batch.
+    sampler.emplace(tg::data::BatchSampler(data.ds->train(), o.batch, o.seq, o.seed + 3, tg::data::SampleMode::random, o.rank * o.batch));
     if (!o.init_from.empty()) {
       try {
         tg::io::load_weights(o.init_from, params, {.allow_non_finite = o.allow_nonfinite_weights});
@@ -294,6 +298,7 @@ class Session {
       std::printf("initialized the weights from %s\n", o.init_from.c_str());
     }
     o.run_id = tg::train::new_run_id();
+    if (!o.dist.empty()) make_data_parallel();  // after every change to the weights: rank 0's are broadcast
   }
 
   /// Loads --resume (if given) into the model, the optimizer, the schedule, the sampler, the generators, the
@@ -302,6 +307,7 @@ class Session {
   template <class Step>
   void resume(Step& step) {
     if (resume_choice) start_step = resume_from(*resume_choice, step);
+    if (dp && resume_choice) dp->shard_loaded_state(*opt);  // ZeRO: each rank keeps its shard of the loaded state
     if (ckpts) {
       check_save_dir(o, *ckpts, start_step);
       std::printf("run %s saves to %s\n", o.run_id.empty() ? "(no id, continued from an older checkpoint)" : o.run_id.c_str(),
@@ -312,7 +318,11 @@ class Session {
   /// Accounts for a finished step: tokens, the loss average, non-finite skips (without a loss scaler).
   template <class Step>
   void count(std::int64_t k, const tg::train::StepResult& r, const Step&) {
-    tokens_done += o.batch * o.seq * o.grad_accum;
+    tokens_done += o.global_batch() * o.seq * o.grad_accum;
+    if (dp) {
+      comm_wait_step = dp->stats().wait_seconds - comm_wait_total;
+      comm_wait_total = dp->stats().wait_seconds;
+    }
     loss_ema = k == 1 ? r.loss : 0.9 * loss_ema + 0.1 * r.loss;
     if constexpr (!Step::scaler_type::scales_loss) nonfinite_skipped += r.skipped ? 1 : 0;
   }
@@ -332,7 +342,11 @@ class Session {
   /// Writes a checkpoint of step `k` when --save-every or the last step asks for one.
   template <class Step>
   void maybe_save(std::int64_t k, const Step& step) {
-    if (!ckpts || !((o.save_every > 0 && k % o.save_every == 0) || k == o.steps)) return;
+    if (o.save_dir.empty() || !((o.save_every > 0 && k % o.save_every == 0) || k == o.steps)) return;
+    // Under --dist every rank takes part in gathering the optimizer state; rank 0 writes it, consolidated.
+    std::optional<tg::dist::ConsolidatedState> consolidated;
+    if (dp) consolidated.emplace(*opt, dp->gather_optimizer_state(*opt));
+    if (!ckpts) return;
     tg::io::TrainStateRecord r;
     r.step = k;
     r.schedule_step = schedule.step();
@@ -349,7 +363,8 @@ class Session {
     r.model_json = o.model_json;
     r.tokenizer_json = o.tokenizer_json;
     const auto t0 = Clock::now();
-    const std::string path = ckpts->save(params, *opt, r, prune ? prune->pruner.mask_tensors() : tg::io::AuxTensors{});
+    const tg::optim::AnyOptimizer& state = consolidated ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated) : *opt;
+    const std::string path = ckpts->save(params, state, r, prune ? prune->pruner.mask_tensors() : tg::io::AuxTensors{});
     std::printf("%ssaved %s (%.0f ms)\n", isatty(fileno(stdout)) ? "\n" : "", path.c_str(), seconds_since(t0) * 1e3);
   }
 
@@ -390,19 +405,69 @@ class Session {
   std::unique_ptr<Teacher<D>> teacher;  // --distill-from (Note [the teacher])
   tg::optim::Schedule schedule = tg::optim::Constant{0.f};
   std::optional<tg::data::PrefetchingSampler> sampler;
+  std::unique_ptr<tg::dist::Communicator> device_comm;  // --dist on a GPU: NCCL over the MPI world
+  std::unique_ptr<tg::dist::DataParallel<D>> dp;        // --dist (Note [data parallelism in the trainer])
   // What a checkpoint keeps besides the model, optimizer and step (Note [training-state checkpoints]).
   double loss_ema = 0;
   std::int64_t tokens_done = 0, nonfinite_skipped = 0;  // steps skipped under --on-nonfinite skip (the run's total)
   std::int64_t trained_positions = o.seq;               // Note [trained positions]
   std::int64_t start_step = 0;
+  double comm_wait_total = 0, comm_wait_step = 0;  // --dist: seconds blocked on communication (run, last step)
 
  private:
+  void make_data_parallel();
   template <class Step>
   std::int64_t resume_from(const tg::io::ResumeChoice& choice, Step& step);
 
   std::vector<std::int32_t> token_bytes_;  // each token's bytes, for bits per byte
   std::optional<tg::train::Evaluation> first_, last_, best_;  // validation at step 0, the latest, the best
 };
+
+// Note [data parallelism in the trainer]
+// `mpirun -np N train_gpt --dist ddp|zero1|zero2 ...` trains one model on N ranks (Note [data parallelism]):
+// --batch is per rank, so a step sees N·batch sequences; rank k draws rows k·batch .. k·batch + batch - 1 of
+// each global batch (the rows one process with --batch N·batch draws), and checkpoints record the global
+// batch, so a run saved on N ranks resumes on any number with the same global batch. Every rank must be
+// started with the same settings: rank 0's are compared with each rank's at start-up and a difference stops
+// every rank naming it. Rank 0 prints, logs and writes checkpoints (the optimizer state gathered from its
+// owners under ZeRO; every rank reads --resume and keeps its shard); the other ranks print nothing but
+// errors, which end the whole run (MPI_Abort). OpenMP threads default to the CPUs divided among the ranks
+// of a machine. On a GPU (--device cuda) the gradients travel over NCCL, its id sent over MPI.
+template <tg::Device D>
+void Session<D>::make_data_parallel() {
+  tg::dist::Communicator& world = tg::dist::world();
+  world.set_timeout(std::chrono::seconds(o.dist_timeout));
+  const std::string mine = run_config_json(o) + "\n" + o.model_json;
+  const std::vector<std::string> all = world.all_gather_strings(mine);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    std::string diffs;
+    const auto a = nlohmann::json::parse(all[0].substr(0, all[0].find('\n')), nullptr, false);
+    const auto b = nlohmann::json::parse(all[r].substr(0, all[r].find('\n')), nullptr, false);
+    if (a.is_object() && b.is_object())
+      for (auto it = a.begin(); it != a.end(); ++it)
+        if (!b.contains(it.key()) || b[it.key()] != it.value())
+          diffs += (diffs.empty() ? "" : "; ") + it.key() + ": rank 0 " + it.value().dump() + ", rank " + std::to_string(r) + " " +
+                   (b.contains(it.key()) ? b[it.key()].dump() : std::string("unset"));
+    throw tg::Error("--dist: rank ", r, " was started with other settings than rank 0 (", diffs.empty() ? "the model differs" : diffs,
+                    "); start every rank with the same flags");
+  }
+  tg::dist::Communicator* comm = &world;
+  if constexpr (std::is_same_v<D, tg::cuda>) {
+    device_comm = tg::dist::make_nccl_communicator(world);
+    device_comm->set_timeout(std::chrono::seconds(o.dist_timeout));
+    comm = device_comm.get();
+  }
+  const tg::dist::Sharding sharding = o.dist == "zero2"   ? tg::dist::Sharding::gradients
+                                      : o.dist == "zero1" ? tg::dist::Sharding::optimizer
+                                                          : tg::dist::Sharding::none;
+  dp = std::make_unique<tg::dist::DataParallel<D>>(
+      *comm, params,
+      tg::dist::DataParallelOptions{.sharding = sharding,
+                                    .bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20)),
+                                    .reduce_bf16 = o.reduce_dtype == "bf16",
+                                    .overlap = o.dist_overlap});
+}
 
 /// Loads the checkpoint `choice` into the model, the optimizer and `step` (its accumulation position, its loss
 /// scaler, then fresh weight copies), restores the loop's positions; returns the step reached. Takes the
@@ -513,6 +578,10 @@ void Session<D>::print_header() const {
               o.device.c_str(), Step::checkpointing::name, (long long)trained_positions, (long long)config.block_size,
               (long long)window());
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), Step::scaler_type::kind());
+  if (dp)
+    std::printf("data parallel: %s over %d ranks (%s), %zu buckets of <= %.0f MiB, %s reduction, overlap %s; global batch %lld x %lld\n",
+                o.dist.c_str(), o.world, dp->communicator().backend().c_str(), dp->num_buckets(), o.bucket_mb, o.reduce_dtype.c_str(),
+                o.dist_overlap ? "on" : "off", (long long)o.global_batch(), (long long)o.seq);
   if (prune) std::printf("pruning: %s; sparsity now %.1f%%\n", prune->describe().c_str(), 100 * prune->pruner.sparsity());
   if (teacher)
     std::printf("distillation: teacher %s (L=%lld H=%lld C=%lld, %s, no tape), loss %.2f x tau^2 x KL at tau %.2f + %.2f x cross-entropy\n",
@@ -555,6 +624,8 @@ void Session<D>::report(std::int64_t k, const tg::train::StepResult& r, double s
   else if (nonfinite_skipped > 0)  // --on-nonfinite skip
     std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped %lld (non-finite)", (long long)nonfinite_skipped);
   if (prune) std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | sparsity %.1f%%", 100 * prune->pruner.sparsity());
+  if (dp)
+    std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | %d ranks, comm wait %.1f ms", o.world, comm_wait_step * 1e3);
   const bool tty = isatty(fileno(stdout));
   if (tty) std::printf("\r%s\x1b[K", line);
   if (!tty && (k % 10 == 0 || k == 1 || k == o.steps)) std::printf("%s\n", line);
@@ -572,6 +643,7 @@ void Session<D>::log_step(std::int64_t k, const tg::train::StepResult& r, double
   rec.add("loss_scale", step.scaler().scale()).add("skipped_steps", scaler_skipped + nonfinite_skipped);
   if (eval) rec.add("val_loss", eval->loss).add("val_bpb", eval->bits_per_byte);
   if (prune) rec.add("sparsity", prune->pruner.sparsity());
+  if (dp) rec.add("ranks", o.world).add("comm_wait_ms", comm_wait_step * 1e3);
   log.write(k, rec);
 }
 
@@ -595,13 +667,16 @@ void Session<D>::finish(const tg::train::RunClock& clock, tg::train::Clock::time
   const std::int64_t steps_run = std::max<std::int64_t>(1, o.steps - start_step);  // in this process (after --resume)
   const double train_time = clock.train_seconds();
   std::printf("  speed             %.1f ms/step, %.0f tokens/s\n", train_time / static_cast<double>(steps_run) * 1e3,
-              static_cast<double>(o.batch * o.seq * o.grad_accum * steps_run) / std::max(train_time, 1e-9));
+              static_cast<double>(o.global_batch() * o.seq * o.grad_accum * steps_run) / std::max(train_time, 1e-9));
+  if (dp)
+    std::printf("  communication     %d ranks (%s), %.1f ms/step waited on reductions and gathers (%.1f%% of the step time)\n", o.world,
+                o.dist.c_str(), comm_wait_total / static_cast<double>(steps_run) * 1e3, 100 * comm_wait_total / std::max(train_time, 1e-9));
   std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
               human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
   std::printf("  wall time         %s\n", human_time(seconds_since(started)).c_str());
   if (!o.log.empty()) std::printf("  log               %s\n", o.log.c_str());
   if (!o.plot.empty()) {
-    draw_plot(o, o.batch * o.seq * o.grad_accum);
+    draw_plot(o, o.global_batch() * o.seq * o.grad_accum);
     std::printf("  plot              %s\n", o.plot.c_str());
   }
 }

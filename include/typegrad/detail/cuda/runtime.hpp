@@ -21,6 +21,9 @@ namespace tg::backend::cuda {
 int device_count();
 /// "NVIDIA H200, sm_90, 139 GiB" or the reason there is none.
 std::string device_description();
+/// Makes device `index` (0 .. device_count()-1) the calling thread's current device (cudaSetDevice): a
+/// data-parallel rank picks its GPU before anything is allocated.
+void set_device(int index);
 
 // Note [CUDA streams]
 // Every kernel, cuBLAS(Lt) call, memset and copy of the backend is issued on the calling thread's current

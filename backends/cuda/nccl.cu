@@ -1,0 +1,316 @@
+// tg::dist's NCCL communicator (typegrad/dist/nccl.hpp, Note [communicators]): collectives over CUDA buffers
+// on the communicator's own stream, ordered after the caller's current stream by an event; Work::wait()
+// orders the caller's stream after them and watches for a dead peer. Built without NCCL (TG_HAVE_NCCL=0)
+// make_nccl_communicator throws instead.
+#include "typegrad/dist/nccl.hpp"
+
+#if TG_HAVE_NCCL
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "check.cuh"
+#include "typegrad/detail/cuda/runtime.hpp"
+
+/// Checks an NCCL call: anything but ncclSuccess throws tg::Error naming the call and NCCL's message.
+#define TG_NCCL_CHECK(call)                                                                                 \
+  do {                                                                                                      \
+    const ncclResult_t tg_nccl_status_ = (call);                                                            \
+    if (tg_nccl_status_ != ncclSuccess)                                                                     \
+      throw ::tg::Error("NCCL error at ", __FILE__, ":", __LINE__, ": ", #call, " failed: ",                 \
+                        ncclGetErrorString(tg_nccl_status_));                                               \
+  } while (0)
+
+namespace tg::dist {
+namespace {
+
+std::int64_t total_of(std::span<const std::int64_t> counts) {
+  std::int64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
+}
+std::size_t bytes_of(DType d, std::int64_t n) { return dtype_size(d) * static_cast<std::size_t>(n); }
+cudaStream_t caller_stream() { return static_cast<cudaStream_t>(backend::cuda::current_stream()); }
+
+ncclDataType_t type_of(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i64: return ncclInt64;
+    case DType::i32: return ncclInt32;
+    case DType::u8: return ncclUint8;
+    case DType::i8: return ncclInt8;
+  }
+  throw Error("dist: no NCCL type for ", dtype_name(d));
+}
+
+class NcclCommunicator;
+
+// One call's completion: an event recorded on the communicator's stream after the call.
+class NcclWork final : public Work::Impl {
+ public:
+  NcclWork(NcclCommunicator& comm, const char* what, cudaEvent_t done) : comm_(comm), what_(what), done_(done) {}
+  ~NcclWork() override;
+  bool test() override;
+  void wait() override;
+
+ private:
+  bool poll();  // whether the event was reached; a CUDA or NCCL error ends the process
+  NcclCommunicator& comm_;
+  const char* what_;
+  cudaEvent_t done_;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(Communicator& bootstrap) : rank_(bootstrap.rank()), size_(bootstrap.size()) {
+    TG_CHECK(bootstrap.device() == DeviceKind::cpu, "dist: the NCCL communicator is set up over a communicator of host buffers (the MPI "
+             "world), not a '", bootstrap.backend(), "' one of CUDA buffers");
+    TG_CHECK(backend::cuda::device_count() > 0, "dist: the NCCL communicator needs a GPU: ", backend::cuda::device_description());
+    set_timeout(bootstrap.timeout());
+    ncclUniqueId id{};
+    if (rank_ == 0) TG_NCCL_CHECK(ncclGetUniqueId(&id));
+    bootstrap.broadcast(Buffer{&id, static_cast<std::int64_t>(sizeof id), DType::u8, DeviceKind::cpu}, 0);
+    try {
+      TG_CUDA_CHECK(cudaGetDevice(&device_));
+      TG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      TG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      TG_CUDA_CHECK(cudaMalloc(&barrier_, sizeof(int)));
+      TG_CUDA_CHECK(cudaMemset(barrier_, 0, sizeof(int)));
+      TG_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~NcclCommunicator() override { release(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  DeviceKind device() const override { return DeviceKind::cuda; }
+
+  Work all_reduce_async(Buffer buf, ReduceOp op) override {
+    check_device("all_reduce", buf);
+    const ncclRedOp_t rop = op_of("all_reduce", buf.dtype, op);
+    return issue("all_reduce", [&] {
+      TG_NCCL_CHECK(ncclAllReduce(buf.data, buf.data, static_cast<std::size_t>(buf.count), type_of(buf.dtype), rop, comm_, stream_));
+    });
+  }
+
+  // Equal counts: one ncclReduceScatter. Otherwise one ncclReduce per rank r (root r, the counts[r] elements
+  // after the first r parts), grouped so NCCL runs them as one operation.
+  Work reduce_scatter_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts, ReduceOp op) override {
+    check_device("reduce_scatter", send);
+    check_device("reduce_scatter", recv);
+    check_counts("reduce_scatter", counts);
+    const auto mine = counts[static_cast<std::size_t>(rank_)];
+    TG_CHECK(send.count == total_of(counts) && recv.count == mine && send.dtype == recv.dtype, "dist::reduce_scatter: send holds ",
+             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts), " with ", mine, " for rank ", rank_);
+    const ncclRedOp_t rop = op_of("reduce_scatter", send.dtype, op);
+    const ncclDataType_t type = type_of(send.dtype);
+    return issue("reduce_scatter", [&] {
+      if (equal(counts)) {
+        TG_NCCL_CHECK(ncclReduceScatter(send.data, recv.data, static_cast<std::size_t>(mine), type, rop, comm_, stream_));
+        return;
+      }
+      group([&] {
+        std::int64_t at = 0;
+        for (int r = 0; r < size_; ++r) {
+          const auto c = counts[static_cast<std::size_t>(r)];
+          if (c) TG_NCCL_CHECK(ncclReduce(static_cast<char*>(send.data) + bytes_of(send.dtype, at), r == rank_ ? recv.data : nullptr,
+                                          static_cast<std::size_t>(c), type, rop, r, comm_, stream_));
+          at += c;
+        }
+      });
+    });
+  }
+
+  // Equal counts: one ncclAllGather. Otherwise one ncclBroadcast per rank r (root r, into recv after the first r
+  // parts; NCCL reads sendbuff on the root only, so the other ranks pass their destination), grouped.
+  Work all_gather_async(Buffer send, Buffer recv, std::span<const std::int64_t> counts) override {
+    check_device("all_gather", send);
+    check_device("all_gather", recv);
+    check_counts("all_gather", counts);
+    const auto mine = counts[static_cast<std::size_t>(rank_)];
+    TG_CHECK(recv.count == total_of(counts) && send.count == mine && send.dtype == recv.dtype, "dist::all_gather: send holds ",
+             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts), " with ", mine, " for rank ", rank_);
+    const ncclDataType_t type = type_of(send.dtype);
+    return issue("all_gather", [&] {
+      if (equal(counts)) {
+        TG_NCCL_CHECK(ncclAllGather(send.data, recv.data, static_cast<std::size_t>(mine), type, comm_, stream_));
+        return;
+      }
+      group([&] {
+        std::int64_t at = 0;
+        for (int r = 0; r < size_; ++r) {
+          const auto c = counts[static_cast<std::size_t>(r)];
+          void* part = static_cast<char*>(recv.data) + bytes_of(recv.dtype, at);
+          if (c) TG_NCCL_CHECK(ncclBroadcast(r == rank_ ? send.data : part, part, static_cast<std::size_t>(c), type, r, comm_, stream_));
+          at += c;
+        }
+      });
+    });
+  }
+
+  Work broadcast_async(Buffer buf, int root) override {
+    check_device("broadcast", buf);
+    TG_CHECK(root >= 0 && root < size_, "dist::broadcast: root ", root, " is not a rank (world size ", size_, ")");
+    return issue("broadcast", [&] {
+      TG_NCCL_CHECK(ncclBroadcast(buf.data, buf.data, static_cast<std::size_t>(buf.count), type_of(buf.dtype), root, comm_, stream_));
+    });
+  }
+
+  // NCCL has no tags: messages between two ranks match in the order they are posted.
+  void send(Buffer buf, int peer, int) override { point_to_point("send", buf, peer, true); }
+  void recv(Buffer buf, int peer, int) override { point_to_point("recv", buf, peer, false); }
+  void barrier() override {
+    issue("barrier", [&] { TG_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_)); }).wait();
+  }
+
+  /// Ends the process after `what` (a timeout, or an error of CUDA or of NCCL): aborts the NCCL communicator
+  /// first, so its kernels stop instead of waiting for a peer that is gone.
+  [[noreturn]] void fail(const std::string& what) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    communication_failed(*this, what);
+  }
+  /// NCCL's error from its background checks (a peer or the network gone), ncclSuccess while there is none.
+  ncclResult_t async_error() const {
+    ncclResult_t e = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &e) != ncclSuccess) return ncclSystemError;
+    return e;
+  }
+
+ private:
+  void check_device(const char* what, const Buffer& b) const {
+    TG_CHECK(b.device == DeviceKind::cuda, "dist::", what, ": the NCCL communicator moves CUDA buffers; host tensors go through MPI");
+    int current = -1;
+    TG_CUDA_CHECK(cudaGetDevice(&current));
+    TG_CHECK(current == device_, "dist::", what, ": the NCCL communicator was made on CUDA device ", device_, ", the current device is ",
+             current);
+  }
+  // ReduceOp::avg is NCCL's sum divided by size(), as for MPI defined on floating-point buffers only.
+  static ncclRedOp_t op_of(const char* what, DType d, ReduceOp op) {
+    if (op == ReduceOp::sum) return ncclSum;
+    TG_CHECK(d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16, "dist::", what,
+             ": ReduceOp::avg needs a floating-point buffer, this one is ", dtype_name(d));
+    return ncclAvg;
+  }
+  bool equal(std::span<const std::int64_t> counts) const {
+    for (auto c : counts)
+      if (c != counts[0]) return false;
+    return true;
+  }
+  // Runs `calls` between ncclGroupStart and ncclGroupEnd (the group is closed when a call throws).
+  template <class Calls>
+  static void group(Calls&& calls) {
+    TG_NCCL_CHECK(ncclGroupStart());
+    try {
+      calls();
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    TG_NCCL_CHECK(ncclGroupEnd());
+  }
+  // The comm stream waits for the work issued so far on the caller's stream, runs `calls`, then records the
+  // Work's event: the collective reads its inputs after their producers and its completion is observable.
+  template <class Calls>
+  Work issue(const char* what, Calls&& calls) {
+    TG_CUDA_CHECK(cudaEventRecord(ready_, caller_stream()));
+    TG_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    calls();
+    cudaEvent_t done = nullptr;
+    TG_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    auto work = std::make_unique<NcclWork>(*this, what, done);
+    TG_CUDA_CHECK(cudaEventRecord(done, stream_));
+    return Work(std::move(work));
+  }
+  void point_to_point(const char* what, Buffer buf, int peer, bool sending) {
+    check_device(what, buf);
+    TG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dist::", what, ": peer ", peer, " is not another rank (world size ", size_,
+             ", this is rank ", rank_, ")");
+    const auto n = static_cast<std::size_t>(buf.count);
+    const ncclDataType_t type = type_of(buf.dtype);
+    issue(what, [&] {
+      if (sending) TG_NCCL_CHECK(ncclSend(buf.data, n, type, peer, comm_, stream_));
+      else TG_NCCL_CHECK(ncclRecv(buf.data, n, type, peer, comm_, stream_));
+    }).wait();
+  }
+  // Destroys what was made; a communicator with an error pending is aborted (destroying it would wait on it).
+  void release() noexcept {
+    if (comm_) {
+      if (async_error() == ncclSuccess) (void)ncclCommDestroy(comm_);
+      else (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    if (barrier_) (void)cudaFree(barrier_);
+    if (ready_) (void)cudaEventDestroy(ready_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    barrier_ = nullptr;
+    ready_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  int rank_, size_;
+  int device_ = -1;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
+  int* barrier_ = nullptr;       // one device int, all-reduced by barrier()
+};
+
+// A dropped handle still orders the caller's stream after the call (its buffers may be freed next).
+NcclWork::~NcclWork() {
+  if (!waited_) wait();
+  (void)cudaEventDestroy(done_);
+}
+
+bool NcclWork::poll() {
+  const cudaError_t q = cudaEventQuery(done_);
+  if (q == cudaSuccess) return true;
+  if (q != cudaErrorNotReady)
+    comm_.fail(std::string(what_) + " failed on the GPU: " + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) + ")");
+  if (const ncclResult_t e = comm_.async_error(); e != ncclSuccess && e != ncclInProgress)
+    comm_.fail(std::string(what_) + " failed in NCCL: " + ncclGetErrorString(e) + " (another rank probably ended; its own message says why)");
+  return false;
+}
+
+bool NcclWork::test() { return poll(); }
+
+// The caller's stream waits on the event (the device orders later work after the call); the host then waits
+// too, polling NCCL's error state, so a peer that died ends this process after the timeout instead of hanging.
+void NcclWork::wait() {
+  waited_ = true;
+  if (const cudaError_t e = cudaStreamWaitEvent(caller_stream(), done_, 0); e != cudaSuccess)
+    comm_.fail(std::string(what_) + ": ordering the caller's stream failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long spins = 0; !poll(); ++spins) {
+    if (spins < 2000) continue;  // a short spin: most completions are quick
+    std::this_thread::sleep_for(std::chrono::microseconds(spins < 20000 ? 20 : 200));
+    if (std::chrono::steady_clock::now() - t0 > comm_.timeout())
+      comm_.fail(std::string(what_) + " waited more than " + std::to_string(comm_.timeout().count()) +
+                 " s for the other ranks: one probably died or is stuck (raise the limit with --dist-timeout)");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap) { return std::make_unique<NcclCommunicator>(bootstrap); }
+
+}  // namespace tg::dist
+
+#else  // !TG_HAVE_NCCL
+
+std::unique_ptr<tg::dist::Communicator> tg::dist::make_nccl_communicator(Communicator&) {
+  throw Error("dist: typegrad was built without NCCL (nccl.h or libnccl was not found next to the CUDA toolkit), so there is no NCCL "
+              "communicator");
+}
+
+#endif

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# train_gpt --dist end to end under mpiexec (tiny GPT on the fortunes corpus; Note [data parallelism in the
+# trainer]):
+#  1. DDP on 2 ranks x --batch 4 logs the losses of one process with --batch 8 (fp32), within 1e-6 relative;
+#  2. a ZeRO-2 run on 2 ranks x --batch 6 saves a consolidated checkpoint at step 6; it resumes on 1 rank
+#     (--batch 12, no --dist) and on 3 ranks (ZeRO-1, --batch 4), and both log the uninterrupted run's losses
+#     for steps 7-12;
+#  3. ranks started with different settings stop at start-up naming the difference; ranks started without
+#     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
+#   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
+set -euo pipefail
+T=$1
+W=$2
+MPI=${3:-mpiexec}
+rm -rf "$W" && mkdir -p "$W" && cd "$W"
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ ! -d /usr/share/games/fortunes ]; then echo "SKIP: no fortunes corpus (package fortunes)"; exit 77; fi
+command -v "$MPI" >/dev/null || { echo "SKIP: no $MPI (package openmpi-bin)"; exit 77; }
+C=(--warmup 2 --seq 32 --eval-every 0 --eval-batches 2 --sample-tokens 8 --threads 1 --lr 1e-3)
+run() { timeout 300 "$MPI" --oversubscribe "$@"; }
+
+# Compares the losses of two logs over the steps both have from $3 on: relative difference at most $4.
+same_losses() {
+  /usr/bin/python3 - "$@" <<'EOF'
+import json, sys
+a, b, first, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if r["step"] >= first}
+la, lb = losses(a), losses(b)
+steps = sorted(set(la) & set(lb))
+assert steps and steps[0] == first, (a, b, steps)
+worst = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in steps)
+print(f"{a} vs {b}, steps {steps[0]}-{steps[-1]}: worst relative loss difference {worst:.2e} (tolerance {tol:g})")
+sys.exit(0 if worst <= tol else 1)
+EOF
+}
+
+# 1. DDP on 2 ranks = one process on the global batch.
+"$T" "${C[@]}" --steps 10 --batch 8 --log one.jsonl > one.out
+run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --dist ddp --bucket-mb 0.25 --log ddp.jsonl > ddp.out
+grep -q "data parallel: ddp over 2 ranks (mpi)" ddp.out
+grep -q "2 ranks, comm wait" ddp.out
+grep -q "communication     2 ranks (ddp)" ddp.out
+same_losses ddp.jsonl one.jsonl 1 1e-6
+
+# 2. A consolidated ZeRO-2 checkpoint resumes on 1 rank and on 3 ranks.
+run -np 2 "$T" "${C[@]}" --steps 12 --batch 6 --dist zero2 --bucket-mb 0.25 --save-dir ck --save-every 6 --keep 0 --log zero2.jsonl > zero2.out
+test -f ck/ckpt-00000006.safetensors
+"$T" "${C[@]}" --steps 12 --batch 12 --resume ck/ckpt-00000006.safetensors --log alone.jsonl > alone.out
+grep -q "resumed from ck/ckpt-00000006.safetensors at step 6" alone.out
+if grep -q "resuming with a different setting" alone.out; then echo "FAIL: the 1-rank resume saw other settings"; cat alone.out; exit 1; fi
+run -np 3 "$T" "${C[@]}" --steps 12 --batch 4 --dist zero1 --resume ck/ckpt-00000006.safetensors --log three.jsonl > three.out
+same_losses alone.jsonl zero2.jsonl 7 1e-6
+same_losses three.jsonl zero2.jsonl 7 1e-6
+
+# 3. Errors.
+set +e
+run -np 1 "$T" "${C[@]}" --steps 4 --batch 4 --dist ddp : -np 1 "$T" "${C[@]}" --steps 4 --batch 4 --dist ddp --weight-decay 0.05 > mismatch.out 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] || { echo "FAIL: ranks with different --weight-decay trained"; cat mismatch.out; exit 1; }
+grep -q 'was started with other settings than rank 0 (weight_decay: rank 0 ' mismatch.out || { cat mismatch.out; exit 1; }
+
+set +e
+run -np 2 "$T" "${C[@]}" --steps 4 --batch 4 > nodist.out 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "pass --dist ddp, zero1 or zero2" nodist.out || { echo "FAIL: 2 ranks without --dist"; cat nodist.out; exit 1; }
+
+# A rank killed mid-run: the launcher and the survivors end (non-zero) instead of waiting forever.
+run -np 2 "$T" "${C[@]}" --steps 100000 --batch 4 --dist ddp --dist-timeout 30 --log killed.jsonl > killed.out 2>&1 &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ -s killed.jsonl ] && [ "$(wc -l < killed.jsonl)" -ge 3 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -f -- "--log killed.jsonl" | while read -r p; do [ "$(cat /proc/$p/comm)" = "train_gpt" ] && echo "$p"; done | tail -1)
+[ -n "$victim" ] || { echo "FAIL: no rank to kill"; cat killed.out; exit 1; }
+kill -9 "$victim"
+start=$SECONDS
+set +e
+wait $launcher
+rc=$?
+set -e
+[ $rc -ne 0 ] || { echo "FAIL: the run with a killed rank exited 0"; exit 1; }
+[ $((SECONDS - start)) -le 60 ] || { echo "FAIL: the survivors took $((SECONDS - start)) s to end"; exit 1; }
+echo "a killed rank ended the run in $((SECONDS - start)) s (exit $rc):"
+grep -m3 -i "rank\|killed\|signal" killed.out || true
+echo "trainer_dist: OK"
