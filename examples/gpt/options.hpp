@@ -88,6 +88,7 @@ struct Options {
   bool dist_overlap = true;          // start bucket reductions during backward
   std::int64_t dist_timeout = 300;   // seconds a rank waits for the others before it ends the run
   int world = 1, rank = 0;           // filled by main from the MPI world
+  bool offload = false;              // the optimizer's state and update on the host (Note [optimizer offload])
   /// Sequences per optimizer micro-step over every rank (--batch is per rank).
   std::int64_t global_batch() const { return batch * world; }
 };
@@ -113,6 +114,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--reduce-dtype", o.reduce_dtype, "--dist: the gradients' precision on the wire")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--dist-overlap", o.dist_overlap, "--dist: start each bucket's reduction during backward (0: after it)");
   app.add_option("--dist-timeout", o.dist_timeout, "--dist: seconds a rank waits for the others before it ends the run");
+  app.add_flag("--offload", o.offload, "keep the optimizer's state and update on the host, run by the CPU's kernels (a GPU keeps the "
+                                       "weights and gradients: larger models fit; on the CPU it changes nothing but the path)");
   app.add_option("--steps", o.steps, "optimizer steps");
   app.add_option("--lr", o.lr, "peak learning rate");
   CLI::Option* min_lr_flag = app.add_option("--min-lr", o.min_lr, "final learning rate of the decay (default lr/10; at most --lr)");

@@ -86,21 +86,32 @@ inline tg::optim::AdafactorOptions adafactor_options(const Options& o) {
   throw tg::Error("--optimizer: unknown optimizer '", o.optimizer, "' (expected adamw, adam, sgd, lamb or adafactor)");
 }
 
-/// The optimizer of --optimizer over `params` on device D, with default_groups' decay (Note [which parameters
-/// decay]); one class per optimizer on every device (Note [optimizer state]).
+/// The optimizer of --optimizer over `groups` on device D (one class per optimizer on every device, Note
+/// [optimizer state]).
 template <tg::Device D>
-std::unique_ptr<tg::optim::BasicOptimizer<D>> make_optimizer(const Options& o, const std::vector<tg::optim::BasicParam<D>>& params) {
+std::unique_ptr<tg::optim::BasicOptimizer<D>> make_optimizer_over(const Options& o, std::vector<tg::optim::BasicParamGroup<D>> groups) {
   using namespace tg::optim;
-  auto groups = default_groups(params, o.weight_decay);
-  if (o.optimizer == "adamw") return std::make_unique<BasicAdamW<D>>(groups, adam_options(o));
+  if (o.optimizer == "adamw") return std::make_unique<BasicAdamW<D>>(std::move(groups), adam_options(o));
   if (o.optimizer == "adam") {
     const AdamWOptions a = adam_options(o);  // L2 decay (Adam's) with the same numbers
-    return std::make_unique<BasicAdam<D>>(groups, AdamOptions{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay});
+    return std::make_unique<BasicAdam<D>>(std::move(groups), AdamOptions{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay});
   }
-  if (o.optimizer == "sgd") return std::make_unique<BasicSgd<D>>(groups, sgd_options(o));
-  if (o.optimizer == "lamb") return std::make_unique<BasicLamb<D>>(groups, lamb_options(o));
-  if (o.optimizer == "adafactor") return std::make_unique<BasicAdafactor<D>>(groups, adafactor_options(o));
+  if (o.optimizer == "sgd") return std::make_unique<BasicSgd<D>>(std::move(groups), sgd_options(o));
+  if (o.optimizer == "lamb") return std::make_unique<BasicLamb<D>>(std::move(groups), lamb_options(o));
+  if (o.optimizer == "adafactor") return std::make_unique<BasicAdafactor<D>>(std::move(groups), adafactor_options(o));
   unknown_optimizer(o);
+}
+
+/// The optimizer of --optimizer over `params` on device D, with default_groups' decay (Note [which parameters
+/// decay]); with --offload, its state and update on the host (Note [optimizer offload]).
+template <tg::Device D>
+std::unique_ptr<tg::optim::BasicOptimizer<D>> make_optimizer(const Options& o, const std::vector<tg::optim::BasicParam<D>>& params) {
+  auto groups = tg::optim::default_groups(params, o.weight_decay);
+  if (o.offload)
+    return tg::optim::offload<D>(std::move(groups), [&o](std::vector<tg::optim::ParamGroup> host_groups) {
+      return make_optimizer_over<tg::cpu>(o, std::move(host_groups));
+    });
+  return make_optimizer_over<D>(o, std::move(groups));
 }
 
 // The settings that decide what a run computes (not where it writes), as JSON for the checkpoint.
@@ -578,6 +589,7 @@ void Session<D>::print_header() const {
               o.device.c_str(), Step::checkpointing::name, (long long)trained_positions, (long long)config.block_size,
               (long long)window());
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), Step::scaler_type::kind());
+  if (o.offload) std::printf("optimizer offload: the %s state and update on the host (CPU kernels); the device keeps weights and gradients\n", opt->name());
   if (dp)
     std::printf("data parallel: %s over %d ranks (%s), %zu buckets of <= %.0f MiB, %s reduction, overlap %s; global batch %lld x %lld\n",
                 o.dist.c_str(), o.world, dp->communicator().backend().c_str(), dp->num_buckets(), o.bucket_mb, o.reduce_dtype.c_str(),

@@ -383,6 +383,61 @@ TEST(JsonLinesLog, AnUnwritablePathIsAnErrorAtOnce) {
   EXPECT_NO_THROW(closed.write(1, tg::train::LogRecord().add("step", std::int64_t{1})));
 }
 
+/// `steps` TrainStep steps of the tiny run under Policy with `opt` (plain or offloaded); the weights after.
+template <class Policy>
+std::vector<std::vector<float>> train_with(TinyRun& r, tg::optim::Optimizer& opt, int steps, std::vector<double>& losses) {
+  tg::train::TrainStep<Policy> step(r.ps, opt, r.sched, {.clip = 1.0}, tg::optim::GradAccumRuntime(2));
+  std::int64_t k = 0;
+  for (int s = 0; s < steps; ++s) losses.push_back(step.run(r.model, [&] { return batch(k++, r.cfg.vocab_size); }, r.drop).loss);
+  return values(r.ps);
+}
+
+template <class Policy>
+void expect_offload_is_the_plain_update(const char* what) {
+  TinyRun plain, off;
+  std::vector<double> lp, lo;
+  const auto wp = train_with<Policy>(plain, plain.opt, 6, lp);
+  auto offloaded = tg::optim::offload<tg::cpu>(tg::optim::default_groups(off.ps, 0.1f), [](std::vector<tg::optim::ParamGroup> g) {
+    return std::make_unique<tg::optim::AdamW>(std::move(g), adamw());
+  });
+  const auto wo = train_with<Policy>(off, *offloaded, 6, lo);
+  EXPECT_TRUE(same_bits(wp, wo)) << what << ": the offloaded update differs from the plain one";
+  EXPECT_EQ(lp, lo) << what;
+  EXPECT_STREQ(offloaded->name(), "AdamW");
+  const auto sp = plain.opt.state_tensors(), so = offloaded->state_tensors();
+  ASSERT_EQ(sp.size(), so.size());
+  for (std::size_t i = 0; i < sp.size(); ++i) {
+    EXPECT_EQ(sp[i].name, so[i].name);
+    EXPECT_EQ(sp[i].tensor.to_vector(), so[i].tensor.to_vector()) << sp[i].name;
+  }
+}
+
+TEST(OptimizerOffload, Fp32IsThePlainUpdateBitForBit) { expect_offload_is_the_plain_update<tg::amp::fp32_policy>("fp32"); }
+TEST(OptimizerOffload, Bf16IsThePlainUpdateBitForBit) { expect_offload_is_the_plain_update<tg::amp::bf16_mixed>("bf16"); }
+
+TEST(OptimizerOffload, KeepsNoStateOnTheDeviceAndSharesTheCheckpointFormat) {
+  TinyRun a, b;
+  auto off = std::make_unique<tg::optim::OffloadedOptimizer<tg::cpu>>(tg::optim::default_groups(a.ps, 0.1f), [](std::vector<tg::optim::ParamGroup> g) {
+    return std::make_unique<tg::optim::AdamW>(std::move(g), adamw());
+  });
+  std::vector<double> la;
+  train_with<tg::amp::fp32_policy>(a, *off, 3, la);
+  // The state lives in the host optimizer; the plain optimizer loads it, and the offloaded one takes it back.
+  EXPECT_GT(off->host().param_step_count("wte.weight"), 0);
+  EXPECT_EQ(off->param_step_count("wte.weight"), off->host().param_step_count("wte.weight"));
+  b.opt.load_state(off->state_tensors());
+  off->load_state(b.opt.state_tensors());
+  EXPECT_THROW(off->load_state({{"no.such.entry", tg::Tensor<float>::zeros({1})}}), tg::Error);
+  // Weights changed outside the optimizer (a checkpoint load, pruning) are what the next update starts from.
+  for (const auto& p : a.ps) tg::detail::copy_tensor(tg::Tensor<float>::zeros(p.tensor.shape()), p.tensor.detach());
+  std::vector<double> more;
+  const auto w = train_with<tg::amp::fp32_policy>(a, *off, 1, more);
+  double largest = 0;
+  for (const auto& t : w)
+    for (float v : t) largest = std::max(largest, static_cast<double>(std::abs(v)));
+  EXPECT_LT(largest, 0.1) << "the update started from stale host masters, not the zeroed weights";
+}
+
 TEST(RunClock, CountsTheStepsOfThisProcess) {
   tg::train::RunClock c(/*tokens_per_step=*/1000, /*start_step=*/10, /*last_step=*/20);
   EXPECT_EQ(c.steps_run(), 0);

@@ -2,7 +2,7 @@
 # A short end-to-end smoke test of train_gpt, sized for the sanitizer stage (scripts/sanitize.sh runs it
 # under ASan + UBSan; it runs in the release suite too): a few tiny steps in fp32, bf16 and fp16 (with
 # accumulation, dropout, activation checkpointing), a --save-dir / --resume round trip (the resumed steps
-# log the same losses), --init-from, and bad inputs (missing, corrupt or truncated checkpoints, a file that
+# log the same losses), --init-from, --offload (the same losses, resuming the run's checkpoints), and bad inputs (missing, corrupt or truncated checkpoints, a file that
 # is not a checkpoint, bad flags), each of which must end with a clear error: an exit code 1 or 2, a
 # message, and no sanitizer report.
 #   tests/trainer/train_gpt_smoke.sh build/asan/examples/gpt/train_gpt /tmp/work
@@ -63,7 +63,14 @@ ok resumed --steps 4 "${C[@]}" --resume ck/ckpt-00000002.safetensors --log resum
 diff <(losses fp32.jsonl | sed -n '3,4p') <(losses resumed.jsonl)
 ok init --steps 1 "${C[@]}" --init-from ck/ckpt-00000004.safetensors
 grep -q "initialized the weights from ck/ckpt-00000004.safetensors" init.out
-echo "2. --resume continues with identical losses; --init-from loads the weights"
+# --offload (Note [optimizer offload]): on the CPU the same update, so the same losses; it resumes a checkpoint
+# written without it, and the other way round.
+ok offload --steps 4 "${C[@]}" --offload --log offload.jsonl
+grep -q "optimizer offload: the AdamW state and update on the host" offload.out
+diff <(losses fp32.jsonl) <(losses offload.jsonl)
+ok offload_resumed --steps 4 "${C[@]}" --offload --resume ck/ckpt-00000002.safetensors --log offload_resumed.jsonl
+diff <(losses fp32.jsonl | sed -n '3,4p') <(losses offload_resumed.jsonl)
+echo "2. --resume continues with identical losses; --init-from loads the weights; --offload trains and resumes alike"
 
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.
 cp ck/ckpt-00000004.safetensors corrupt.safetensors

@@ -13,3 +13,4 @@
 #include "typegrad/optim/schedule.hpp"
 #include "typegrad/optim/clip.hpp"
 #include "typegrad/optim/grad_accum.hpp"
+#include "typegrad/optim/offload.hpp"
