@@ -158,6 +158,15 @@ void validate_options(const Options& o) {
   if (!o.quantize_save.empty() && o.quantize.empty()) throw tg::Error("--quantize-save needs --quantize");
   if (o.quantize_lm_head && o.quantize.empty()) throw tg::Error("--quantize-lm-head needs --quantize");
   positive("--calibration-batches", o.calibration_batches, std::int64_t{1} << 20);
+  non_negative("--layers", o.layers, 4096);
+  non_negative("--width", o.width, std::int64_t{1} << 16);
+  non_negative("--heads", o.heads, 1024);
+  if (o.layers > 0 || o.width > 0 || o.heads > 0) {
+    const auto preset = tg::nn::GPTConfig::preset(o.model);
+    const std::int64_t width = o.width > 0 ? o.width : preset.n_embd, heads = o.heads > 0 ? o.heads : preset.n_head;
+    if (width % heads != 0)
+      throw tg::Error("--width ", width, " is not a multiple of --heads ", heads, " (each head gets width / heads)");
+  }
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))
       throw tg::Error("--bucket-mb must be a positive number of MiB up to 4096, got ", o.bucket_mb);

@@ -25,6 +25,7 @@ struct Options {
   bool tokenizer_given = false;    // --tokenizer was on the command line (a resumed run otherwise keeps its own)
   std::string data_export;         // write --data's tokens to this token file and exit
   std::string model = "tiny";
+  std::int64_t layers = 0, width = 0, heads = 0;  // override the preset's (0: keep it)
   std::int64_t batch = 16;
   std::int64_t seq = 64;
   std::int64_t grad_accum = 1;
@@ -105,6 +106,9 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
                                                "or gpt2:DIR (GPT-2's DIR/vocab.json and DIR/merges.txt). A resumed run keeps its own");
   app.add_option("--data-export", o.data_export, "write --data's tokens (with --tokenizer) to this token file and exit");
   app.add_option("--model", o.model, "model preset")->check(CLI::IsMember({"tiny", "small", "gpt2"}));
+  app.add_option("--layers", o.layers, "blocks of the model (default: the preset's)");
+  app.add_option("--width", o.width, "embedding width of the model (default: the preset's; a multiple of --heads)");
+  app.add_option("--heads", o.heads, "attention heads (default: the preset's)");
   app.add_option("--batch", o.batch, "sequences per micro-batch");
   app.add_option("--seq", o.seq, "tokens per sequence");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");

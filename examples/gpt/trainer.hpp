@@ -142,6 +142,8 @@ inline std::string run_config_json(const Options& o) {
     << ",\"weight_decay\":" << num(o.weight_decay) << ",\"clip\":" << num(o.clip) << ",\"seed\":" << o.seed
     << ",\"dropout\":" << num(o.dropout) << ",\"val_fraction\":" << num(o.val_fraction)
     << ",\"precision\":" << str(o.precision);
+  if (o.layers > 0 || o.width > 0 || o.heads > 0)  // only when set, so a checkpoint of a preset run compares as before
+    j << ",\"layers\":" << o.layers << ",\"width\":" << o.width << ",\"heads\":" << o.heads;
   if (!o.prune.empty())  // only when set, so a checkpoint of a run without them compares as before
     j << ",\"prune\":" << str(o.prune) << ",\"prune_start\":" << o.prune_start << ",\"prune_end\":" << o.prune_end
       << ",\"prune_every\":" << o.prune_every;
@@ -271,6 +273,9 @@ class Session {
     }
     data = load_training_data(o, resume_choice ? resume_choice->record : std::nullopt);
     config = tg::nn::GPTConfig::preset(o.model, data.tok.vocab_size());
+    if (o.layers > 0) config.n_layer = o.layers;  // --layers / --width / --heads override the preset
+    if (o.width > 0) config.n_embd = o.width;
+    if (o.heads > 0) config.n_head = o.heads;
     config.block_size = std::max(config.block_size, o.seq);
     config.dropout = o.dropout;
     o.model_json = tg::io::gpt_config_json(config);

@@ -70,7 +70,9 @@ grep -q "optimizer offload: the AdamW state and update on the host" offload.out
 diff <(losses fp32.jsonl) <(losses offload.jsonl)
 ok offload_resumed --steps 4 "${C[@]}" --offload --resume ck/ckpt-00000002.safetensors --log offload_resumed.jsonl
 diff <(losses fp32.jsonl | sed -n '3,4p') <(losses offload_resumed.jsonl)
-echo "2. --resume continues with identical losses; --init-from loads the weights; --offload trains and resumes alike"
+ok shape --steps 1 "${C[@]}" --layers 1 --width 48 --heads 3
+grep -q "L=1 H=3 C=48" shape.out
+echo "2. --resume continues with identical losses; --init-from loads the weights; --offload trains and resumes alike; --layers/--width/--heads"
 
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.
 cp ck/ckpt-00000004.safetensors corrupt.safetensors
@@ -86,5 +88,7 @@ fails text_init "error" --steps 1 "${C[@]}" --init-from text.safetensors
 fails missing_data "error" --steps 1 "${C[@]}" --data does-not-exist.txt
 fails bad_batch "batch" --steps 1 --batch 0 --seq 16
 fails bad_flag "unknown|not expected|extra" --steps 1 --no-such-flag
+fails bad_shape "width 100 is not a multiple of --heads 3" --steps 1 --width 100 --heads 3
+fails bad_dist_bucket "bucket-mb must be a positive number" --steps 1 --dist ddp --bucket-mb 0
 echo "3. missing, corrupt, truncated and non-checkpoint files, a missing corpus and bad flags: clear errors"
 echo "OK: train_gpt smoke test"
