@@ -171,22 +171,43 @@ class MpiCommunicator final : public Communicator {
       owns_init_ = true;
     }
     g_mpi_active = true;
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    comm_ = MPI_COMM_WORLD;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
     MPI_Type_contiguous(2, MPI_BYTE, &half_type_);
     MPI_Type_commit(&half_type_);
     MPI_Op_create(&half_sum<bf16>, 1, &bf16_sum_);
     MPI_Op_create(&half_sum<fp16>, 1, &fp16_sum_);
   }
+  /// A sub-communicator of `parent` (split): shares the parent's 16-bit type and sums.
+  MpiCommunicator(MPI_Comm comm, const MpiCommunicator& parent)
+      : comm_(comm), sub_(true), half_type_(parent.half_type_), bf16_sum_(parent.bf16_sum_), fp16_sum_(parent.fp16_sum_) {
+    set_timeout(parent.timeout());
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   ~MpiCommunicator() override {
-    MPI_Op_free(&bf16_sum_);
-    MPI_Op_free(&fp16_sum_);
-    MPI_Type_free(&half_type_);
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (sub_) {
+      if (!finalized) MPI_Comm_free(&comm_);
+      return;
+    }
+    if (!finalized) {
+      MPI_Op_free(&bf16_sum_);
+      MPI_Op_free(&fp16_sum_);
+      MPI_Type_free(&half_type_);
+    }
     if (owns_init_ && !finalized) MPI_Finalize();
     g_mpi_active = false;
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(comm_, color, key, &sub);
+    if (rc != MPI_SUCCESS) communication_failed(*this, "split failed: " + error_string(rc));
+    return std::make_unique<MpiCommunicator>(sub, *this);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -205,7 +226,7 @@ class MpiCommunicator final : public Communicator {
     std::function<void()> after;
     if (op == ReduceOp::avg) after = [=, this] { scale(buf, 1.0 / size_); };
     return restart(std::move(work),
-                   {[=](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, buf.data, static_cast<int>(buf.count), type, mop, MPI_COMM_WORLD, r); }},
+                   {[=, this](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, buf.data, static_cast<int>(buf.count), type, mop, comm_, r); }},
                    std::move(after));
   }
 
@@ -224,7 +245,7 @@ class MpiCommunicator final : public Communicator {
     std::function<void()> after;
     if (op == ReduceOp::avg) after = [=, this] { scale(recv, 1.0 / size_); };
     return restart(std::move(work),
-                   {[=](MPI_Request* r) { return MPI_Ireduce_scatter(send.data, recv.data, w->counts.data(), type, mop, MPI_COMM_WORLD, r); }},
+                   {[=, this](MPI_Request* r) { return MPI_Ireduce_scatter(send.data, recv.data, w->counts.data(), type, mop, comm_, r); }},
                    std::move(after));
   }
 
@@ -245,7 +266,7 @@ class MpiCommunicator final : public Communicator {
     return restart(std::move(work),
                    {[=, this](MPI_Request* r) {
                      return MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send.data, w->counts[static_cast<std::size_t>(rank_)], type, recv.data,
-                                            w->counts.data(), w->displs.data(), type, MPI_COMM_WORLD, r);
+                                            w->counts.data(), w->displs.data(), type, comm_, r);
                    }},
                    {});
   }
@@ -257,14 +278,14 @@ class MpiCommunicator final : public Communicator {
     auto work = std::make_unique<MpiWork>(*this, "broadcast");
     const MPI_Datatype type = type_of(buf.dtype);
     return restart(std::move(work),
-                   {[=](MPI_Request* r) { return MPI_Ibcast(buf.data, static_cast<int>(buf.count), type, root, MPI_COMM_WORLD, r); }}, {});
+                   {[=, this](MPI_Request* r) { return MPI_Ibcast(buf.data, static_cast<int>(buf.count), type, root, comm_, r); }}, {});
   }
 
   void send(Buffer buf, int peer, int tag) override { point_to_point("send", buf, peer, tag, true); }
   void recv(Buffer buf, int peer, int tag) override { point_to_point("recv", buf, peer, tag, false); }
   void barrier() override {
     auto work = std::make_unique<MpiWork>(*this, "barrier");
-    Work w = restart(std::move(work), {[](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); }}, {});
+    Work w = restart(std::move(work), {[this](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }}, {});
     w.wait();
   }
 
@@ -329,13 +350,15 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = type_of(buf.dtype);
     Work w = restart(std::move(work),
                      {[=](MPI_Request* r) {
-                       return sending ? MPI_Isend(buf.data, static_cast<int>(buf.count), type, peer, tag, MPI_COMM_WORLD, r)
-                                      : MPI_Irecv(buf.data, static_cast<int>(buf.count), type, peer, tag, MPI_COMM_WORLD, r);
+                       return sending ? MPI_Isend(buf.data, static_cast<int>(buf.count), type, peer, tag, comm_, r)
+                                      : MPI_Irecv(buf.data, static_cast<int>(buf.count), type, peer, tag, comm_, r);
                      }},
                      {});
     w.wait();
   }
 
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool sub_ = false;
   int rank_ = 0, size_ = 1;
   bool owns_init_ = false;
   MPI_Datatype half_type_{};

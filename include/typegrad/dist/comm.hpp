@@ -104,6 +104,14 @@ class Communicator {
   virtual void send(Buffer buf, int peer, int tag) = 0;
   virtual void recv(Buffer buf, int peer, int tag) = 0;
   virtual void barrier() = 0;
+  /// A communicator of the ranks that pass the same `color`, ranked by `key` (then by rank here): MPI_Comm_split.
+  /// A collective over this communicator. Rank r of a process grid gets its tensor-, pipeline- and
+  /// data-parallel groups this way.
+  virtual std::unique_ptr<Communicator> split(int color, int key) {
+    (void)color;
+    (void)key;
+    throw Error("dist::split: the ", backend(), " communicator cannot be split");
+  }
 
   void all_reduce(Buffer buf, ReduceOp op) { all_reduce_async(buf, op).wait(); }
   void reduce_scatter(Buffer send, Buffer recv, std::span<const std::int64_t> counts, ReduceOp op) {
@@ -154,6 +162,7 @@ class SingleProcess final : public Communicator {
   void send(Buffer, int peer, int) override;
   void recv(Buffer, int peer, int) override;
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(device_); }
 
  private:
   DeviceKind device_;

@@ -44,6 +44,7 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank*
   if constexpr (std::is_same_v<D, cpu>) {
     double sq = 0;
     for_each([&](const Param& p) {
+      if (cross && cross->sharded_grads() && !cross->counts_in_norm(p.name)) return;
       if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) sq += backend::cpu::sum_squares<fp32>(g.data(), g.numel());
     });
     const double total = std::sqrt(across_ranks(sq, cross));
@@ -60,6 +61,7 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank*
   for_each([&](const BasicParam<D>& p) {
     const Tensor<fp32, D> g = p.tensor.grad();
     if (!g.defined() || g.numel() == 0) return;
+    if (cross && cross->sharded_grads() && !cross->counts_in_norm(p.name)) return;
     const Tensor<fp64, D> g64 = g.detach().template to<fp64>();
     const Tensor<fp64, D> s = sum(mul(g64, g64));
     sq = sq.defined() ? add(sq, s) : s;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 
 namespace tg::optim {
 
@@ -24,6 +25,12 @@ class CrossRank {
   virtual bool sharded_grads() const = 0;
   /// The number of ranks.
   virtual int ranks() const = 0;
+  /// Whether this rank adds parameter `param`'s squared gradient to the norm sum (with sharded_grads()): a
+  /// parameter replicated on every rank of a tensor-parallel group is counted on one of them only.
+  virtual bool counts_in_norm(const std::string& param) const {
+    (void)param;
+    return true;
+  }
 };
 
 }  // namespace tg::optim

@@ -1,0 +1,393 @@
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): a GPT whose attention heads, MLP width and vocabulary
+// are split across the ranks of a group, with the communication as differentiable ops.
+//   auto tp = tg::dist::world().split(0, rank);  tg::dist::TensorParallelGPT<> model(full_model, *tp);
+//   auto logits = model.forward<float>(idx, gen, true);  auto loss = model.loss(logits, targets);   // logits: this rank's vocabulary
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "typegrad/amp/weights.hpp"
+#include "typegrad/autodiff/checkpoint.hpp"
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/dist/comm.hpp"
+#include "typegrad/nn/gpt.hpp"
+#include "typegrad/ops/attention.hpp"
+#include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/dropout.hpp"
+#include "typegrad/ops/embedding.hpp"
+#include "typegrad/ops/layernorm.hpp"
+#include "typegrad/ops/linear_gelu.hpp"
+#include "typegrad/ops/matmul.hpp"
+#include "typegrad/ops/views.hpp"
+#include "typegrad/optim/cross_rank.hpp"
+#include "typegrad/optim/param.hpp"
+#include "typegrad/train/step.hpp"
+
+namespace tg::dist {
+
+// Note [tensor parallelism]
+// With n ranks in the tensor-parallel group and rank r (Megatron-LM's layout; every rank holds the same
+// replicated tensors and its own slice of the split ones):
+//   * attention: c_attn [3C, C] is split by heads: rank r keeps the rows of its C/n query, key and value
+//     features (heads r·H/n .. (r+1)·H/n - 1), so its attention runs on its own heads alone; c_proj [C, C] is
+//     split by columns (the same features) and its partial products are summed over the group;
+//   * MLP: c_fc [4C, C] by rows (column-parallel), c_proj [C, 4C] by columns (row-parallel), then the sum;
+//   * the row-parallel layers' biases, the LayerNorms and wpe are replicated and added after the sum;
+//   * the vocabulary: wte [V, C] by rows (ranges of ceil(V/n)); the embedding looks up the rank's rows (zero
+//     for other tokens) and sums over the group; the tied LM head gives each rank the logits of its own
+//     vocabulary range, and vocab_parallel_cross_entropy computes the loss from them without gathering them.
+// The communication is two differentiable ops (Megatron's f and g): copy_to_group (forward: identity;
+// backward: the sum of the gradients over the group) before each column-parallel part, and reduce_from_group
+// (forward: the sum; backward: identity) after each row-parallel one: one all-reduce per block half in forward
+// and its conjugate in backward. The replicated parameters see identical inputs and gradients on every rank,
+// so they need no reduction. Dropout on the replicated activations draws the same numbers on every rank
+// (same generator, same shapes), so a run equals the one-process run up to the order of fp32 sums.
+// For the global gradient norm the split parameters' squares are summed over the group and the replicated
+// ones counted once (TensorParallelSync::counts_in_norm).
+
+/// Forward: x; backward: the gradient summed over `comm`'s ranks (Megatron's f).
+template <FloatingElement T, Device D>
+Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm) {
+  Tensor<T, D> out = x.detach();
+  struct Saved {
+    Communicator* comm;
+  };
+  autodiff::record("copy_to_group", out, Saved{&comm},
+                   [](Saved& s, const Tensor<T, D>& dout, auto) {
+                     Tensor<T, D> g = Tensor<T, D>::empty(dout.shape());
+                     tg::detail::copy_tensor(dout, g);
+                     s.comm->all_reduce(g, ReduceOp::sum);
+                     return std::tuple{g};
+                   }, x);
+  return out;
+}
+
+/// Forward: x summed over `comm`'s ranks; backward: identity (Megatron's g).
+template <FloatingElement T, Device D>
+Tensor<T, D> reduce_from_group(const Tensor<T, D>& x, Communicator& comm) {
+  Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
+  tg::detail::copy_tensor(x, out);
+  comm.all_reduce(out, ReduceOp::sum);
+  struct Saved {};
+  autodiff::record("reduce_from_group", out, Saved{}, [](Saved&, const Tensor<T, D>& dout, auto) { return std::tuple{dout}; }, x);
+  return out;
+}
+
+/// Mean cross-entropy of logits split by vocabulary over `comm` (rank r holds columns [v0, v0 + Vl) of the V
+/// logits): log-sum-exp per row from the ranks' partial ones (an all-gather of one number per row), the target's
+/// logit from its owner (an all-reduce), so the full logits are never gathered. Every rank returns the loss;
+/// the backward gives each rank the gradient of its own columns: (softmax - onehot) / rows. CPU.
+inline Tensor<fp32> vocab_parallel_cross_entropy(const Tensor<fp32>& logits, const Tensor<std::int64_t>& targets, Communicator& comm,
+                                                 std::int64_t v0, std::int64_t vocab) {
+  const std::int64_t Vl = logits.size(-1), N = logits.numel() / std::max<std::int64_t>(1, Vl);
+  TG_CHECK(targets.numel() == N, "vocab_parallel_cross_entropy: ", N, " rows of logits, ", targets.numel(), " targets");
+  const Tensor<fp32> l = logits.contiguous_raw();
+  const Tensor<std::int64_t> t = targets.contiguous_raw();
+  const int n = comm.size();
+  std::vector<double> lse_parts(static_cast<std::size_t>(N) * static_cast<std::size_t>(n));
+  std::vector<double> mine(static_cast<std::size_t>(N)), target_logit(static_cast<std::size_t>(N), 0.0);
+  for (std::int64_t i = 0; i < N; ++i) {
+    const fp32* row = l.data() + i * Vl;
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t j = 0; j < Vl; ++j) m = std::max(m, static_cast<double>(row[j]));
+    double s = 0;
+    for (std::int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(row[j]) - m);
+    mine[static_cast<std::size_t>(i)] = Vl > 0 ? m + std::log(s) : -std::numeric_limits<double>::infinity();
+    const std::int64_t y = t.data()[i];
+    TG_CHECK(y >= 0 && y < vocab, "vocab_parallel_cross_entropy: target ", y, " is outside the vocabulary of ", vocab);
+    if (y >= v0 && y < v0 + Vl) target_logit[static_cast<std::size_t>(i)] = row[y - v0];
+  }
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(n), N);
+  comm.all_gather(Buffer{mine.data(), N, DType::f64}, Buffer{lse_parts.data(), N * n, DType::f64}, counts);
+  comm.all_reduce(std::span<double>(target_logit), ReduceOp::sum);
+  std::vector<double> lse(static_cast<std::size_t>(N));
+  double total = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int r = 0; r < n; ++r) m = std::max(m, lse_parts[static_cast<std::size_t>(r * N + i)]);
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += std::exp(lse_parts[static_cast<std::size_t>(r * N + i)] - m);
+    lse[static_cast<std::size_t>(i)] = m + std::log(s);
+    total += lse[static_cast<std::size_t>(i)] - target_logit[static_cast<std::size_t>(i)];
+  }
+  Tensor<fp32> out = Tensor<fp32>::full({}, total / static_cast<double>(N));
+  struct Saved {
+    Tensor<fp32> logits;
+    Tensor<std::int64_t> targets;
+    std::vector<double> lse;
+    std::int64_t v0;
+  };
+  autodiff::record("vocab_parallel_cross_entropy", out, Saved{l, t, std::move(lse), v0},
+                   [N, Vl, shape = logits.shape()](Saved& s, const Tensor<fp32>& dout, auto) {
+                     const double g = static_cast<double>(dout.item()) / static_cast<double>(N);
+                     Tensor<fp32> dl = Tensor<fp32>::empty(shape);
+                     for (std::int64_t i = 0; i < N; ++i) {
+                       const fp32* row = s.logits.data() + i * Vl;
+                       fp32* d = dl.data() + i * Vl;
+                       const double lse_i = s.lse[static_cast<std::size_t>(i)];
+                       for (std::int64_t j = 0; j < Vl; ++j) d[j] = static_cast<fp32>(std::exp(static_cast<double>(row[j]) - lse_i) * g);
+                       const std::int64_t y = s.targets.data()[i] - s.v0;
+                       if (y >= 0 && y < Vl) d[y] = static_cast<fp32>(static_cast<double>(d[y]) - g);
+                     }
+                     return std::tuple{dl};
+                   }, logits);
+  return out;
+}
+
+/// How a parameter is laid out across the tensor-parallel group (Note [tensor parallelism]).
+enum class Split {
+  replicated,  ///< every rank holds all of it
+  rows,        ///< dim 0 in ranges of ceil(rows / n) (wte, c_fc)
+  qkv_rows,    ///< dim 0 as three parts (q, k, v), each split in n equal ranges
+  cols         ///< dim 1 in n equal ranges (the row-parallel c_proj weights)
+};
+
+/// A split parameter: its GPT-2 name, this rank's slice (a trainable leaf), and the full shape.
+template <Device D>
+struct ShardedParam {
+  std::string name;
+  Tensor<fp32, D> tensor;
+  Split split = Split::replicated;
+  Shape full_shape;
+};
+
+namespace detail {
+/// [begin, end) of rank r's range of `extent` split in n (ranges of ceil(extent / n); the last may be short).
+inline std::pair<std::int64_t, std::int64_t> range_of(std::int64_t extent, int r, int n) {
+  const std::int64_t per = (extent + n - 1) / n;
+  return {std::min(extent, per * r), std::min(extent, per * (r + 1))};
+}
+/// Copies between a full host tensor and rank r's slice under `split`: slice <- full (to_slice) or full <- slice.
+inline void move_slice(const Tensor<fp32>& full, const Tensor<fp32>& slice, Split split, int r, int n, bool to_slice) {
+  const Shape& fs = full.shape();
+  const std::int64_t inner = fs.numel() / std::max<std::int64_t>(1, fs[0]);  // elements per dim-0 row
+  auto rows = [&](std::int64_t full_row, std::int64_t slice_row, std::int64_t count) {
+    fp32* f = full.data() + full_row * inner;
+    fp32* s = slice.data() + slice_row * inner;
+    if (to_slice) std::copy(f, f + count * inner, s);
+    else std::copy(s, s + count * inner, f);
+  };
+  switch (split) {
+    case Split::replicated: rows(0, 0, fs[0]); return;
+    case Split::rows: {
+      const auto [b, e] = range_of(fs[0], r, n);
+      rows(b, 0, e - b);
+      return;
+    }
+    case Split::qkv_rows: {
+      const std::int64_t part = fs[0] / 3, per = part / n;
+      for (int k = 0; k < 3; ++k) rows(k * part + r * per, k * per, per);
+      return;
+    }
+    case Split::cols: {
+      const std::int64_t R = fs[0], K = fs[1], per = K / n;
+      for (std::int64_t i = 0; i < R; ++i) {
+        fp32* f = full.data() + i * K + r * per;
+        fp32* s = slice.data() + i * per;
+        if (to_slice) std::copy(f, f + per, s);
+        else std::copy(s, s + per, f);
+      }
+      return;
+    }
+  }
+}
+/// The shape of rank r's slice of `full` under `split`.
+inline Shape slice_shape(const Shape& full, Split split, int r, int n) {
+  Shape s = full;
+  switch (split) {
+    case Split::replicated: break;
+    case Split::rows: {
+      const auto [b, e] = range_of(full[0], r, n);
+      s[0] = e - b;
+      break;
+    }
+    case Split::qkv_rows: s[0] = full[0] / n; break;
+    case Split::cols: s[1] = full[1] / n; break;
+  }
+  return s;
+}
+}  // namespace detail
+
+/// A GPT split across a tensor-parallel group (Note [tensor parallelism]): built from the full model (so it
+/// starts from the one-process model's weights), trained through train::TrainStep with its loss() and a
+/// TensorParallelSync, gathered back to the full layout for checkpoints.
+template <Device D = cpu>
+class TensorParallelGPT {
+ public:
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp) : config_(full.config()), tp_(&tp) {
+    const int n = tp.size(), r = tp.rank();
+    TG_CHECK(config_.n_head % n == 0, "tensor parallelism: ", config_.n_head, " attention heads do not split over ", n,
+             " ranks (the heads must be a multiple of the tensor-parallel size)");
+    TG_CHECK(config_.vocab_size >= n, "tensor parallelism: a vocabulary of ", config_.vocab_size, " does not split over ", n, " ranks");
+    for (const auto& p : full.named_parameters()) {
+      const Split split = split_of(p.name);
+      Tensor<fp32> host = p.tensor.detach().contiguous_raw();
+      Tensor<fp32> slice = Tensor<fp32>::empty(detail::slice_shape(host.shape(), split, r, n));
+      detail::move_slice(host, slice, split, r, n, true);
+      Tensor<fp32, D> leaf = slice.template to<D>().detach();
+      leaf.requires_grad_(true);
+      params_.push_back({p.name, leaf, split, host.shape()});
+    }
+    std::tie(v0_, v1_) = detail::range_of(config_.vocab_size, r, n);
+  }
+
+  const nn::GPTConfig& config() const { return config_; }
+  Communicator& group() const { return *tp_; }
+  /// This rank's vocabulary range [vocab_begin, vocab_end).
+  std::int64_t vocab_begin() const { return v0_; }
+  std::int64_t vocab_end() const { return v1_; }
+
+  /// This rank's parameters (slices), GPT-2 names, for the optimizer and TrainStep.
+  std::vector<optim::BasicParam<D>> named_parameters() const {
+    std::vector<optim::BasicParam<D>> out;
+    for (const auto& p : params_) out.emplace_back(p.name, p.tensor);
+    return out;
+  }
+  const std::vector<ShardedParam<D>>& sharded_parameters() const { return params_; }
+
+  /// This rank's logits (B,T,vocab_end - vocab_begin) in T. Blocks under NoCheckpoint only for now.
+  template <FloatingElement T, ActivationCheckpointing Ckpt = NoCheckpoint>
+  Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
+    static_assert(std::is_same_v<Ckpt, NoCheckpoint>, "TensorParallelGPT: activation checkpointing is not supported yet");
+    TG_CHECK(idx.dim() == 2, "TensorParallelGPT::forward: idx must be (B,T), got ", idx.shape());
+    const std::int64_t B = idx.size(0), T_ = idx.size(1), C = config_.n_embd, n = tp_->size();
+    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head, Vl = v1_ - v0_;
+    TG_CHECK(T_ <= config_.block_size, "TensorParallelGPT::forward: sequence length ", T_, " exceeds block_size ", config_.block_size);
+    Communicator& g = *tp_;
+    // The vocabulary-parallel embedding: this rank's rows, zero for tokens outside its range, summed.
+    Tensor<std::int64_t> local = Tensor<std::int64_t>::empty(idx.shape());
+    Tensor<T> mask_host = Tensor<T>::empty({B, T_, 1});
+    const Tensor<std::int64_t> ic = idx.contiguous_raw();
+    for (std::int64_t i = 0; i < B * T_; ++i) {
+      const std::int64_t v = ic.data()[i];
+      const bool in = v >= v0_ && v < v1_;
+      local.data()[i] = in ? v - v0_ : 0;
+      mask_host.data()[i] = T(in ? 1.0f : 0.0f);
+    }
+    const Tensor<T, D> mask = mask_host.template to<D>();
+    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), g);
+    x = add(x, embedding(w<T>("wpe.weight"), Tensor<std::int64_t>::arange(T_)));
+    x = dropout(x, config_.dropout, dropout_gen, training);
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g);
+      const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
+      auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
+      const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
+      const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g), w<T>(h + "attn.c_proj.bias"));
+      x = add(x, dropout(o, config_.dropout, dropout_gen, training));
+      const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g);
+      const Tensor<T, D> f = linear_gelu_tanh(m, w<T>(h + "mlp.c_fc.weight"), w<T>(h + "mlp.c_fc.bias"));  // (B,T,4C/n)
+      const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g), w<T>(h + "mlp.c_proj.bias"));
+      x = add(x, dropout(o2, config_.dropout, dropout_gen, training));
+    }
+    x = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), g);
+    TG_CHECK(Vl > 0, "TensorParallelGPT: rank ", tp_->rank(), " holds no vocabulary");
+    return linear(x, w<T>("wte.weight"));  // (B,T,Vl): this rank's vocabulary
+  }
+
+  /// The mean cross-entropy from every rank's logits (vocab_parallel_cross_entropy), as an fp32 scalar.
+  template <FloatingElement T>
+  Tensor<fp32> loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
+    static_assert(std::is_same_v<D, cpu>, "TensorParallelGPT::loss: the vocabulary-parallel cross-entropy runs on the CPU only so far");
+    const Tensor<fp32> l32 = logits.template to<fp32>();
+    return vocab_parallel_cross_entropy(l32, targets, *tp_, v0_, config_.vocab_size);
+  }
+
+  /// Every parameter in the one-process layout (host fp32, GPT-2 names and shapes), gathered from the group:
+  /// a collective.
+  std::vector<optim::NamedTensor> gather_full() const {
+    std::vector<optim::NamedTensor> out;
+    for (const auto& p : params_) out.push_back({p.name, gather(p.tensor.detach().template to<cpu>(), p.split, p.full_shape)});
+    return out;
+  }
+  /// A tensor with `name`'s slice layout (an optimizer state slot, a gradient) gathered to the full shape.
+  Tensor<fp32> gather_like(const std::string& name, const Tensor<fp32>& slice) const {
+    const auto& p = find(name);
+    return gather(slice, p.split, p.full_shape);
+  }
+  /// This rank's slice of a full tensor laid out like parameter `name`.
+  Tensor<fp32> slice_like(const std::string& name, const Tensor<fp32>& full) const {
+    const auto& p = find(name);
+    TG_CHECK(full.shape() == p.full_shape, "TensorParallelGPT: '", name, "' has shape ", full.shape(), ", expected ", p.full_shape);
+    Tensor<fp32> s = Tensor<fp32>::empty(detail::slice_shape(p.full_shape, p.split, tp_->rank(), tp_->size()));
+    detail::move_slice(full.contiguous_raw(), s, p.split, tp_->rank(), tp_->size(), true);
+    return s;
+  }
+  Split split_of_param(const std::string& name) const { return find(name).split; }
+
+  /// How the GPT-2 parameter `name` is split (Note [tensor parallelism]).
+  static Split split_of(const std::string& name) {
+    auto ends = [&](const char* s) { return name.ends_with(s); };
+    if (name == "wte.weight" || ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return Split::rows;
+    if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return Split::qkv_rows;
+    if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return Split::cols;
+    return Split::replicated;
+  }
+
+ private:
+  template <FloatingElement T>
+  Tensor<T, D> w(const std::string& name) const {
+    return amp::param_as<T>(find(name).tensor);
+  }
+  const ShardedParam<D>& find(const std::string& name) const {
+    for (const auto& p : params_)
+      if (p.name == name) return p;
+    throw Error("TensorParallelGPT: no parameter named '", name, "'");
+  }
+  Tensor<fp32> gather(const Tensor<fp32>& slice, Split split, const Shape& full_shape) const {
+    const int n = tp_->size();
+    Tensor<fp32> full = Tensor<fp32>::empty(full_shape);
+    if (split == Split::replicated || n == 1) {
+      tg::detail::copy_tensor(slice.contiguous_raw(), full);
+      return full;
+    }
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n));
+    std::int64_t total = 0;
+    for (int r = 0; r < n; ++r) total += counts[static_cast<std::size_t>(r)] = detail::slice_shape(full_shape, split, r, n).numel();
+    std::vector<fp32> all(static_cast<std::size_t>(total));
+    Tensor<fp32> mine = slice.contiguous_raw();
+    tp_->all_gather(Buffer{mine.data(), mine.numel()}, Buffer{all.data(), total}, counts);
+    std::int64_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      Tensor<fp32> part = Tensor<fp32>::empty(detail::slice_shape(full_shape, split, r, n));
+      std::copy(all.begin() + at, all.begin() + at + part.numel(), part.data());
+      detail::move_slice(full, part, split, r, n, false);
+      at += part.numel();
+    }
+    return full;
+  }
+
+  nn::GPTConfig config_;
+  Communicator* tp_;
+  std::vector<ShardedParam<D>> params_;
+  std::int64_t v0_ = 0, v1_ = 0;
+};
+
+/// The tensor-parallel group's part in each training step (train::StepSync): the boundary's flags and the
+/// split parameters' squared norms summed over the group, the replicated ones counted once (on rank 0).
+template <Device D>
+class TensorParallelSync final : public train::StepSync {
+ public:
+  explicit TensorParallelSync(const TensorParallelGPT<D>& model) : model_(&model) {}
+  void sum(std::span<double> values) const override { model_->group().all_reduce(values, ReduceOp::sum); }
+  bool sharded_grads() const override { return model_->group().size() > 1; }
+  int ranks() const override { return model_->group().size(); }
+  bool counts_in_norm(const std::string& param) const override {
+    return model_->group().rank() == 0 || model_->split_of_param(param) != Split::replicated;
+  }
+  void before_backward(std::int64_t, std::int64_t) override {}
+  void after_backward(std::int64_t, std::int64_t) override {}
+  void after_update() override {}
+
+ private:
+  const TensorParallelGPT<D>* model_;
+};
+
+}  // namespace tg::dist
