@@ -167,8 +167,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   // NCCL has no tags: messages between two ranks match in the order they are posted.
-  void send(Buffer buf, int peer, int) override { point_to_point("send", buf, peer, true); }
-  void recv(Buffer buf, int peer, int) override { point_to_point("recv", buf, peer, false); }
+  void send(Buffer buf, int peer, int) override { point_to_point("send", buf, peer, true).wait(); }
+  void recv(Buffer buf, int peer, int) override { point_to_point("recv", buf, peer, false).wait(); }
+  // NCCL has no tags; a send and a receive issued on the one stream run in order (a pipeline's paired
+  // exchange on a GPU would need them grouped: not yet).
+  Work send_async(Buffer buf, int peer, int) override { return point_to_point("send", buf, peer, true); }
+  Work recv_async(Buffer buf, int peer, int) override { return point_to_point("recv", buf, peer, false); }
   void barrier() override {
     issue("barrier", [&] { TG_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_)); }).wait();
   }
@@ -232,16 +236,16 @@ class NcclCommunicator final : public Communicator {
     TG_CUDA_CHECK(cudaEventRecord(done, stream_));
     return Work(std::move(work));
   }
-  void point_to_point(const char* what, Buffer buf, int peer, bool sending) {
+  Work point_to_point(const char* what, Buffer buf, int peer, bool sending) {
     check_device(what, buf);
     TG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dist::", what, ": peer ", peer, " is not another rank (world size ", size_,
              ", this is rank ", rank_, ")");
     const auto n = static_cast<std::size_t>(buf.count);
     const ncclDataType_t type = type_of(buf.dtype);
-    issue(what, [&] {
+    return issue(what, [&] {
       if (sending) TG_NCCL_CHECK(ncclSend(buf.data, n, type, peer, comm_, stream_));
       else TG_NCCL_CHECK(ncclRecv(buf.data, n, type, peer, comm_, stream_));
-    }).wait();
+    });
   }
   // Destroys what was made; a communicator with an error pending is aborted (destroying it would wait on it).
   void release() noexcept {

@@ -281,8 +281,10 @@ class MpiCommunicator final : public Communicator {
                    {[=, this](MPI_Request* r) { return MPI_Ibcast(buf.data, static_cast<int>(buf.count), type, root, comm_, r); }}, {});
   }
 
-  void send(Buffer buf, int peer, int tag) override { point_to_point("send", buf, peer, tag, true); }
-  void recv(Buffer buf, int peer, int tag) override { point_to_point("recv", buf, peer, tag, false); }
+  void send(Buffer buf, int peer, int tag) override { point_to_point("send", buf, peer, tag, true).wait(); }
+  void recv(Buffer buf, int peer, int tag) override { point_to_point("recv", buf, peer, tag, false).wait(); }
+  Work send_async(Buffer buf, int peer, int tag) override { return point_to_point("send", buf, peer, tag, true); }
+  Work recv_async(Buffer buf, int peer, int tag) override { return point_to_point("recv", buf, peer, tag, false); }
   void barrier() override {
     auto work = std::make_unique<MpiWork>(*this, "barrier");
     Work w = restart(std::move(work), {[this](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }}, {});
@@ -341,7 +343,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
   Work restart(std::unique_ptr<MpiWork> work, std::vector<MpiWork::Stage> stages, std::function<void()> after);
-  void point_to_point(const char* what, Buffer buf, int peer, int tag, bool sending) {
+  Work point_to_point(const char* what, Buffer buf, int peer, int tag, bool sending) {
     check_host(what, buf);
     TG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dist::", what, ": peer ", peer, " is not another rank (world size ", size_,
              ", this is rank ", rank_, ")");
@@ -354,7 +356,7 @@ class MpiCommunicator final : public Communicator {
                                       : MPI_Irecv(buf.data, static_cast<int>(buf.count), type, peer, tag, comm_, r);
                      }},
                      {});
-    w.wait();
+    return w;
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -103,6 +103,10 @@ class Communicator {
   virtual Work broadcast_async(Buffer buf, int root) = 0;
   virtual void send(Buffer buf, int peer, int tag) = 0;
   virtual void recv(Buffer buf, int peer, int tag) = 0;
+  /// Non-blocking send and receive (a pipeline stage posts both before waiting, so neighbours never wait on
+  /// each other's sends).
+  virtual Work send_async(Buffer buf, int peer, int tag) = 0;
+  virtual Work recv_async(Buffer buf, int peer, int tag) = 0;
   virtual void barrier() = 0;
   /// A communicator of the ranks that pass the same `color`, ranked by `key` (then by rank here): MPI_Comm_split.
   /// A collective over this communicator. Rank r of a process grid gets its tensor-, pipeline- and
@@ -161,6 +165,14 @@ class SingleProcess final : public Communicator {
   Work broadcast_async(Buffer, int root) override;
   void send(Buffer, int peer, int) override;
   void recv(Buffer, int peer, int) override;
+  Work send_async(Buffer b, int peer, int tag) override {
+    send(b, peer, tag);
+    return {};
+  }
+  Work recv_async(Buffer b, int peer, int tag) override {
+    recv(b, peer, tag);
+    return {};
+  }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(device_); }
 
