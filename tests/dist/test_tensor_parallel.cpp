@@ -27,7 +27,7 @@ tg::nn::GPTConfig config(float dropout) {
   c.vocab_size = 50;  // not a multiple of 2 or 3: the last rank's vocabulary range is short
   c.block_size = 16;
   c.n_layer = 2;
-  c.n_head = 6;  // splits over 1, 2 and 3 ranks
+  c.n_head = 12;  // splits over 1, 2, 3 and 4 ranks
   c.n_embd = 48;
   c.dropout = dropout;
   return c;

@@ -17,6 +17,7 @@
 #include "typegrad/dist/comm.hpp"
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/cross_entropy.hpp"
 #include "typegrad/ops/dropout.hpp"
 #include "typegrad/ops/embedding.hpp"
 #include "typegrad/ops/layernorm.hpp"
@@ -69,7 +70,17 @@ class PipelineGPT {
 
   bool is_first() const { return pp_->rank() == 0; }
   bool is_last() const { return pp_->rank() == pp_->size() - 1; }
-  Communicator& group() const { return *pp_; }
+  /// The pipeline's group (stage s = rank s).
+  Communicator& pipeline() const { return *pp_; }
+  /// The ranks that hold different parts of one model replica (here: the pipeline).
+  Communicator& model_group() const { return *pp_; }
+  /// Whether this stage counts `name`'s squared gradient in the global norm (the last stage's wte copy: no).
+  bool counts_in_norm(const std::string& name) const { return is_first() || name != "wte.weight"; }
+  /// The mean cross-entropy of the last stage's logits (fp32).
+  template <FloatingElement T>
+  Tensor<fp32, D> stage_loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
+    return cross_entropy_as<fp32>(logits, targets);
+  }
   const nn::GPTConfig& config() const { return config_; }
   /// This stage's blocks [first, last).
   std::int64_t first_block() const { return first_; }
@@ -129,19 +140,24 @@ struct PipelineStats {
 /// The training step of a pipeline stage: the 1F1B schedule over m micro-batches, then the one step boundary
 /// (Note [pipeline parallelism], Note [the training step]).
 template <amp::PrecisionPolicy P, ActivationCheckpointing Ckpt = NoCheckpoint, Device D = cpu,
-          amp::LossScaler Scaler = amp::default_scaler_t<P>>
+          amp::LossScaler Scaler = amp::default_scaler_t<P>, class Stage = PipelineGPT<D>>
 class PipelineStep {
  public:
   using precision_type = amp::MixedPrecision<P, Scaler, D>;
   using compute_type = typename precision_type::compute_type;
 
-  PipelineStep(const PipelineGPT<D>& stage, optim::BasicOptimizer<D>& opt, optim::Schedule& schedule, train::StepOptions options,
-               std::int64_t micro_batches, Scaler scaler = Scaler{})
+  /// `stage`: this rank's stage (PipelineGPT, or a tensor-parallel TensorParallelGPT stage of a process grid).
+  /// `dp`: the data-parallel group of this stage's replicas (their gradients are averaged after the schedule),
+  /// or nullptr. `world`: every rank of the run (the boundary's flags are summed over it), or nullptr: the
+  /// stage's model group.
+  PipelineStep(const Stage& stage, optim::BasicOptimizer<D>& opt, optim::Schedule& schedule, train::StepOptions options,
+               std::int64_t micro_batches, Scaler scaler = Scaler{}, Communicator* dp = nullptr, Communicator* world = nullptr)
       : stage_(&stage), params_(stage.named_parameters()), precision_(params_, opt, std::move(scaler)),
-        accum_(micro_batches), schedule_(&schedule), options_(std::move(options)), opt_(&opt), cross_(stage) {
+        accum_(micro_batches), schedule_(&schedule), options_(std::move(options)), opt_(&opt),
+        cross_(stage, world ? *world : stage.model_group()), dp_(dp) {
     accum_.on_non_finite(options_.on_non_finite);
     accum_.cross_rank(&cross_);
-    Communicator& pp = stage.group();
+    Communicator& pp = stage.pipeline();
     // The tied embedding's group: the first and the last stage.
     const bool ends = stage.is_first() || stage.is_last();
     tied_ = pp.split(ends ? 0 : 1, pp.rank());
@@ -152,8 +168,8 @@ class PipelineStep {
   /// the samplers stay together; stage 0 reads its inputs, the last stage its targets).
   template <class NextBatch>
   train::StepResult run(NextBatch&& next_batch, Generator& dropout_gen) {
-    const PipelineGPT<D>& st = *stage_;
-    Communicator& pp = st.group();
+    const Stage& st = *stage_;
+    Communicator& pp = st.pipeline();
     const int s = pp.rank(), p = pp.size();
     const std::int64_t m = accum_.n();
     train::StepResult r;
@@ -174,7 +190,7 @@ class PipelineStep {
       else inputs[static_cast<std::size_t>(i)] = x;
       Tensor<compute_type, D> y = st.template blocks<compute_type, Ckpt>(x, dropout_gen, true);
       if (st.is_last()) {
-        const Tensor<fp32, D> loss = precision_.loss(st.template head<compute_type>(y), b.targets);
+        const Tensor<fp32, D> loss = st.stage_loss(st.template head<compute_type>(y), b.targets);
         const double v = static_cast<double>(loss.item());
         loss_sum += v;
         accum_.note_loss(v);
@@ -275,6 +291,9 @@ class PipelineStep {
       TG_CHECK(g.defined(), "PipelineStep: the tied embedding has no gradient on stage ", s);
       tied_->all_reduce(g, ReduceOp::sum);
     }
+    if (dp_ && dp_->size() > 1)  // the replicas' gradients averaged (after the schedule: no overlap yet)
+      for (const auto& prm : params_)
+        if (const Tensor<fp32, D> g = prm.tensor.grad(); g.defined()) dp_->all_reduce(g, ReduceOp::avg);
     if (options_.before_update) options_.before_update();
     for (std::int64_t i = 0; i < m; ++i)
       if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
@@ -283,6 +302,7 @@ class PipelineStep {
       }
     double mean = st.is_last() ? loss_sum / static_cast<double>(m) : 0.0;
     pp.broadcast(Buffer{&mean, 1, DType::f64}, p - 1);
+    if (dp_ && dp_->size() > 1) dp_->all_reduce(std::span<double>(&mean, 1), ReduceOp::avg);
     r.loss = mean;
     r.skipped = accum_.last_step_skipped();
     r.grad_norm = accum_.last_grad_norm();
@@ -294,7 +314,7 @@ class PipelineStep {
   std::int64_t steps_taken() const { return accum_.steps(); }
   /// (p-1)/(m+p-1): the idle fraction of 1F1B with equal stages.
   double bubble_fraction() const {
-    const double p = stage_->group().size(), m = static_cast<double>(accum_.n());
+    const double p = stage_->pipeline().size(), m = static_cast<double>(accum_.n());
     return (p - 1) / (m + p - 1);
   }
 
@@ -303,17 +323,19 @@ class PipelineStep {
   // copy is not counted again.
   class Cross final : public optim::CrossRank {
    public:
-    explicit Cross(const PipelineGPT<D>& st) : st_(&st) {}
-    void sum(std::span<double> v) const override { st_->group().all_reduce(v, ReduceOp::sum); }
-    bool sharded_grads() const override { return st_->group().size() > 1; }
-    int ranks() const override { return st_->group().size(); }
-    bool counts_in_norm(const std::string& name) const override { return st_->is_first() || name != "wte.weight"; }
+    Cross(const Stage& st, Communicator& everyone) : st_(&st), everyone_(&everyone) {}
+    void sum(std::span<double> v) const override { everyone_->all_reduce(v, ReduceOp::sum); }
+    void sum_norms(std::span<double> v) const override { st_->model_group().all_reduce(v, ReduceOp::sum); }
+    bool sharded_grads() const override { return st_->model_group().size() > 1; }
+    int ranks() const override { return everyone_->size(); }
+    bool counts_in_norm(const std::string& name) const override { return st_->counts_in_norm(name); }
 
    private:
-    const PipelineGPT<D>* st_;
+    const Stage* st_;
+    Communicator* everyone_;
   };
 
-  const PipelineGPT<D>* stage_;
+  const Stage* stage_;
   std::vector<optim::BasicParam<D>> params_;
   precision_type precision_;
   optim::GradAccumRuntime accum_;
@@ -321,6 +343,7 @@ class PipelineStep {
   train::StepOptions options_;
   optim::BasicOptimizer<D>* opt_;
   Cross cross_;
+  Communicator* dp_;
   std::unique_ptr<Communicator> tied_;
   PipelineStats stats_;
 };

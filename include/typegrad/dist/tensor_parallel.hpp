@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "typegrad/autodiff/checkpoint.hpp"
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/dist/comm.hpp"
+#include "typegrad/dist/data_parallel.hpp"
+#include "typegrad/dist/grid.hpp"
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/binary.hpp"
@@ -220,25 +223,22 @@ inline Shape slice_shape(const Shape& full, Split split, int r, int n) {
 template <Device D = cpu>
 class TensorParallelGPT {
  public:
-  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp) : config_(full.config()), tp_(&tp) {
-    const int n = tp.size(), r = tp.rank();
-    TG_CHECK(config_.n_head % n == 0, "tensor parallelism: ", config_.n_head, " attention heads do not split over ", n,
-             " ranks (the heads must be a multiple of the tensor-parallel size)");
-    TG_CHECK(config_.vocab_size >= n, "tensor parallelism: a vocabulary of ", config_.vocab_size, " does not split over ", n, " ranks");
-    for (const auto& p : full.named_parameters()) {
-      const Split split = split_of(p.name);
-      Tensor<fp32> host = p.tensor.detach().contiguous_raw();
-      Tensor<fp32> slice = Tensor<fp32>::empty(detail::slice_shape(host.shape(), split, r, n));
-      detail::move_slice(host, slice, split, r, n, true);
-      Tensor<fp32, D> leaf = slice.template to<D>().detach();
-      leaf.requires_grad_(true);
-      params_.push_back({p.name, leaf, split, host.shape()});
-    }
-    std::tie(v0_, v1_) = detail::range_of(config_.vocab_size, r, n);
-  }
+  /// The whole model split over the tensor-parallel group `tp`.
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp) : TensorParallelGPT(full, tp, nullptr, nullptr) {}
+  /// This rank's stage of a process grid (Note [process grid]): its pipeline stage's blocks (Note [pipeline
+  /// parallelism]), split over its tensor-parallel group; used by PipelineStep.
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, const ProcessGrid& grid)
+      : TensorParallelGPT(full, *grid.tp, grid.pp.get(), grid.model.get()) {}
 
   const nn::GPTConfig& config() const { return config_; }
-  Communicator& group() const { return *tp_; }
+  Communicator& tensor_group() const { return *tp_; }
+  Communicator& pipeline() const { return *pp_; }
+  /// The ranks holding one whole replica (tensor-parallel group x pipeline).
+  Communicator& model_group() const { return *model_; }
+  bool is_first() const { return pp_->rank() == 0; }
+  bool is_last() const { return pp_->rank() == pp_->size() - 1; }
+  std::int64_t first_block() const { return first_; }
+  std::int64_t last_block() const { return last_; }
   /// This rank's vocabulary range [vocab_begin, vocab_end).
   std::int64_t vocab_begin() const { return v0_; }
   std::int64_t vocab_end() const { return v1_; }
@@ -251,16 +251,21 @@ class TensorParallelGPT {
   }
   const std::vector<ShardedParam<D>>& sharded_parameters() const { return params_; }
 
-  /// This rank's logits (B,T,vocab_end - vocab_begin) in T. Blocks under NoCheckpoint only for now.
+  /// This rank's logits (B,T,vocab_end - vocab_begin) in T (a model without a pipeline). Blocks under
+  /// NoCheckpoint only for now.
   template <FloatingElement T, ActivationCheckpointing Ckpt = NoCheckpoint>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
-    static_assert(std::is_same_v<Ckpt, NoCheckpoint>, "TensorParallelGPT: activation checkpointing is not supported yet");
-    TG_CHECK(idx.dim() == 2, "TensorParallelGPT::forward: idx must be (B,T), got ", idx.shape());
-    const std::int64_t B = idx.size(0), T_ = idx.size(1), C = config_.n_embd, n = tp_->size();
-    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head, Vl = v1_ - v0_;
-    TG_CHECK(T_ <= config_.block_size, "TensorParallelGPT::forward: sequence length ", T_, " exceeds block_size ", config_.block_size);
-    Communicator& g = *tp_;
-    // The vocabulary-parallel embedding: this rank's rows, zero for tokens outside its range, summed.
+    TG_CHECK(pp_->size() == 1, "TensorParallelGPT::forward: a pipeline stage runs through PipelineStep");
+    return head<T>(blocks<T, Ckpt>(embed<T>(idx, dropout_gen, training), dropout_gen, training));
+  }
+
+  /// The first stage's input: the vocabulary-parallel embedding (this rank's rows, zero for tokens outside its
+  /// range, summed over the group) plus wpe, (B,T,C).
+  template <FloatingElement T>
+  Tensor<T, D> embed(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training) const {
+    TG_CHECK(idx.dim() == 2, "TensorParallelGPT: idx must be (B,T), got ", idx.shape());
+    const std::int64_t B = idx.size(0), T_ = idx.size(1);
+    TG_CHECK(T_ <= config_.block_size, "TensorParallelGPT: sequence length ", T_, " exceeds block_size ", config_.block_size);
     Tensor<std::int64_t> local = Tensor<std::int64_t>::empty(idx.shape());
     Tensor<T> mask_host = Tensor<T>::empty({B, T_, 1});
     const Tensor<std::int64_t> ic = idx.contiguous_raw();
@@ -271,10 +276,19 @@ class TensorParallelGPT {
       mask_host.data()[i] = T(in ? 1.0f : 0.0f);
     }
     const Tensor<T, D> mask = mask_host.template to<D>();
-    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), g);
+    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), *tp_);
     x = add(x, embedding(w<T>("wpe.weight"), Tensor<std::int64_t>::arange(T_)));
-    x = dropout(x, config_.dropout, dropout_gen, training);
-    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    return dropout(x, config_.dropout, dropout_gen, training);
+  }
+
+  /// This rank's blocks on x (B,T,C) (Note [tensor parallelism]).
+  template <FloatingElement T, ActivationCheckpointing Ckpt = NoCheckpoint>
+  Tensor<T, D> blocks(Tensor<T, D> x, Generator& dropout_gen, bool training) const {
+    static_assert(std::is_same_v<Ckpt, NoCheckpoint>, "TensorParallelGPT: activation checkpointing is not supported yet");
+    const std::int64_t B = x.size(0), T_ = x.size(1), C = config_.n_embd, n = tp_->size();
+    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head;
+    Communicator& g = *tp_;
+    for (std::int64_t l = first_; l < last_; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
       const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g);
       const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
@@ -287,10 +301,28 @@ class TensorParallelGPT {
       const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g), w<T>(h + "mlp.c_proj.bias"));
       x = add(x, dropout(o2, config_.dropout, dropout_gen, training));
     }
-    x = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), g);
-    TG_CHECK(Vl > 0, "TensorParallelGPT: rank ", tp_->rank(), " holds no vocabulary");
-    return linear(x, w<T>("wte.weight"));  // (B,T,Vl): this rank's vocabulary
+    return x;
   }
+
+  /// The last stage's output: this rank's logits (B,T,vocab_end - vocab_begin).
+  template <FloatingElement T>
+  Tensor<T, D> head(const Tensor<T, D>& x) const {
+    TG_CHECK(v1_ > v0_, "TensorParallelGPT: rank ", tp_->rank(), " holds no vocabulary");
+    const Tensor<T, D> h = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), *tp_);
+    return linear(h, w<T>("wte.weight"));  // the tied head (the last stage's copy of wte under a pipeline)
+  }
+  template <FloatingElement T>
+  Tensor<fp32, D> stage_loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
+    return loss(logits, targets);
+  }
+  /// Whether this rank counts `name`'s squared gradient in the global norm: the split parameters on every
+  /// rank, a replicated one on tensor-parallel rank 0, the tied embedding on the first stage only.
+  bool counts_in_norm(const std::string& name) const {
+    if (!is_first() && name == "wte.weight") return false;
+    return tp_->rank() == 0 || split_of(name) != Split::replicated;
+  }
+  /// The tied embedding's weight on this stage (the first stage's wte shard, or the last stage's copy).
+  Tensor<fp32, D> tied_weight() const { return is_first() || is_last() ? find("wte.weight").tensor : Tensor<fp32, D>(); }
 
   /// The mean cross-entropy from every rank's logits (vocab_parallel_cross_entropy), as an fp32 scalar.
   template <FloatingElement T>
@@ -332,6 +364,40 @@ class TensorParallelGPT {
   }
 
  private:
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp, Communicator* pp, Communicator* model) : config_(full.config()), tp_(&tp) {
+    if (!pp) {
+      own_pp_ = std::make_unique<SingleProcess>(device_traits<D>::kind);
+      pp = own_pp_.get();
+    }
+    pp_ = pp;
+    model_ = model ? model : &tp;
+    const int n = tp.size(), r = tp.rank(), p = pp->size(), s = pp->rank();
+    TG_CHECK(config_.n_head % n == 0, "tensor parallelism: ", config_.n_head, " attention heads do not split over ", n,
+             " ranks (the heads must be a multiple of the tensor-parallel size)");
+    TG_CHECK(config_.vocab_size >= n, "tensor parallelism: a vocabulary of ", config_.vocab_size, " does not split over ", n, " ranks");
+    TG_CHECK(p <= config_.n_layer, "pipeline parallelism: ", p, " stages for ", config_.n_layer, " blocks (each stage needs at least one block)");
+    first_ = s * config_.n_layer / p;
+    last_ = (s + 1) * config_.n_layer / p;
+    for (const auto& prm : full.named_parameters()) {
+      if (!on_this_stage(prm.name)) continue;
+      const Split split = split_of(prm.name);
+      Tensor<fp32> host = prm.tensor.detach().contiguous_raw();
+      Tensor<fp32> slice = Tensor<fp32>::empty(detail::slice_shape(host.shape(), split, r, n));
+      detail::move_slice(host, slice, split, r, n, true);
+      Tensor<fp32, D> leaf = slice.template to<D>().detach();
+      if constexpr (std::is_same_v<D, cpu>) leaf = leaf.clone();  // not the full model's storage
+      leaf.requires_grad_(true);
+      params_.push_back({prm.name, leaf, split, host.shape()});
+    }
+    std::tie(v0_, v1_) = detail::range_of(config_.vocab_size, r, n);
+  }
+  bool on_this_stage(const std::string& name) const {
+    if (name == "wte.weight") return is_first() || is_last();
+    if (name.starts_with("wpe.")) return is_first();
+    if (name.starts_with("ln_f.")) return is_last();
+    const std::int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));  // "h.<block>."
+    return block >= first_ && block < last_;
+  }
   template <FloatingElement T>
   Tensor<T, D> w(const std::string& name) const {
     return amp::param_as<T>(find(name).tensor);
@@ -366,6 +432,10 @@ class TensorParallelGPT {
 
   nn::GPTConfig config_;
   Communicator* tp_;
+  Communicator* pp_ = nullptr;
+  Communicator* model_ = nullptr;
+  std::unique_ptr<Communicator> own_pp_;  // a single stage when no pipeline is given
+  std::int64_t first_ = 0, last_ = 0;
   std::vector<ShardedParam<D>> params_;
   std::int64_t v0_ = 0, v1_ = 0;
 };
@@ -376,18 +446,46 @@ template <Device D>
 class TensorParallelSync final : public train::StepSync {
  public:
   explicit TensorParallelSync(const TensorParallelGPT<D>& model) : model_(&model) {}
-  void sum(std::span<double> values) const override { model_->group().all_reduce(values, ReduceOp::sum); }
-  bool sharded_grads() const override { return model_->group().size() > 1; }
-  int ranks() const override { return model_->group().size(); }
-  bool counts_in_norm(const std::string& param) const override {
-    return model_->group().rank() == 0 || model_->split_of_param(param) != Split::replicated;
-  }
+  void sum(std::span<double> values) const override { model_->tensor_group().all_reduce(values, ReduceOp::sum); }
+  bool sharded_grads() const override { return model_->tensor_group().size() > 1; }
+  int ranks() const override { return model_->tensor_group().size(); }
+  bool counts_in_norm(const std::string& param) const override { return model_->counts_in_norm(param); }
   void before_backward(std::int64_t, std::int64_t) override {}
   void after_backward(std::int64_t, std::int64_t) override {}
   void after_update() override {}
 
  private:
   const TensorParallelGPT<D>* model_;
+};
+
+/// A data x tensor-parallel grid's part in each TrainStep (no pipeline; PipelineStep takes the data-parallel
+/// group itself): the replicas' gradients reduced in buckets over the data-parallel group (DataParallel, DDP),
+/// the flags summed over the world, the squared norms over the tensor-parallel group.
+template <Device D>
+class GridSync final : public train::StepSync {
+ public:
+  GridSync(const TensorParallelGPT<D>& model, const ProcessGrid& grid, DataParallelOptions options = {})
+      : model_(&model), grid_(&grid), dp_(*grid.dp, model.named_parameters(), check(options)) {
+    TG_CHECK(grid.pp_size == 1, "GridSync: a grid with a pipeline trains through PipelineStep");
+  }
+  void sum(std::span<double> values) const override { grid_->world->all_reduce(values, ReduceOp::sum); }
+  void sum_norms(std::span<double> values) const override { grid_->model->all_reduce(values, ReduceOp::sum); }
+  bool sharded_grads() const override { return grid_->model->size() > 1; }
+  int ranks() const override { return grid_->world->size(); }
+  bool counts_in_norm(const std::string& param) const override { return model_->counts_in_norm(param); }
+  void before_backward(std::int64_t micro, std::int64_t n) override { dp_.before_backward(micro, n); }
+  void after_backward(std::int64_t micro, std::int64_t n) override { dp_.after_backward(micro, n); }
+  void after_update() override { dp_.after_update(); }
+  DataParallel<D>& data_parallel() { return dp_; }
+
+ private:
+  static DataParallelOptions check(DataParallelOptions o) {
+    TG_CHECK(o.sharding == Sharding::none, "GridSync: ZeRO with tensor parallelism is not supported yet (use ddp)");
+    return o;
+  }
+  const TensorParallelGPT<D>* model_;
+  const ProcessGrid* grid_;
+  DataParallel<D> dp_;
 };
 
 }  // namespace tg::dist

@@ -34,7 +34,7 @@ namespace tg::optim {
 
 namespace detail {
 inline double across_ranks(double sq, const CrossRank* cross) {
-  if (cross && cross->sharded_grads()) cross->sum(std::span<double>(&sq, 1));
+  if (cross && cross->sharded_grads()) cross->sum_norms(std::span<double>(&sq, 1));
   return sq;
 }
 

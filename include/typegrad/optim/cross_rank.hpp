@@ -21,6 +21,9 @@ class CrossRank {
   virtual ~CrossRank() = default;
   /// Sums `values` over the ranks, in place.
   virtual void sum(std::span<double> values) const = 0;
+  /// Sums squared gradient norms over the ranks that hold different parameters (with sharded_grads()): all of
+  /// them by default; a grid of data-parallel replicas of a model-parallel group sums over that group only.
+  virtual void sum_norms(std::span<double> values) const { sum(values); }
   /// Whether each rank holds only its shard of the gradients at the step boundary.
   virtual bool sharded_grads() const = 0;
   /// The number of ranks.
