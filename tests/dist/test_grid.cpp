@@ -49,38 +49,50 @@ Batch rows_of(std::int64_t k, std::int64_t global, std::int64_t first, std::int6
 }
 tg::optim::AdamWOptions adamw() { return {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}; }
 
-struct Run {
+struct GridRun {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> weights;  // the one-process layout
+  std::vector<tg::optim::NamedTensor> params, state;  // one_process: its own; on_grid: gathered (model group rank 0)
 };
 
 template <class Policy>
-Run one_process(std::int64_t dp, std::int64_t micro, int steps) {
+GridRun one_process(std::int64_t dp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr) {
   tg::Generator init(8), drop(9);
   tg::nn::GPT model(config(), init);
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
+  if (from) {
+    for (std::size_t i = 0; i < ps.size(); ++i) tg::detail::copy_tensor(from->params[i].tensor, ps[i].tensor.detach());
+    opt.load_state(from->state);
+  }
   tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
   tg::train::TrainStep<Policy> step(ps, opt, sched, {.clip = 0.5}, tg::optim::GradAccumRuntime(micro));
-  Run out;
-  std::int64_t k = 0;
+  GridRun out;
+  std::int64_t k = first_batch;
   for (int i = 0; i < steps; ++i) out.losses.push_back(step.run(model, [&] { return rows_of(k++, dp * kRows, 0, dp * kRows); }, drop).loss);
-  for (const auto& p : ps) out.weights[p.name] = p.tensor.to_vector();
+  for (const auto& p : ps) {
+    out.weights[p.name] = p.tensor.to_vector();
+    out.params.push_back({p.name, p.tensor.detach().clone()});
+  }
+  out.state = opt.state_tensors();
   return out;
 }
 
+/// `steps` steps on the grid tp x pp (dp: the rest), from the seed or, with `from`, from a one-process run's
+/// parameters and optimizer state (its next batch: `first_batch`).
 template <class Policy>
-Run on_grid(int tp, int pp, std::int64_t micro, int steps) {
+GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr) {
   tg::dist::ProcessGrid grid(W(), tp, pp);
-  tg::Generator init(8), drop(9);
+  tg::Generator init(from ? 77 : 8), drop(9);  // resumed: another seed, so the loaded weights must count
   const tg::nn::GPT full(config(), init);
   tg::dist::TensorParallelGPT<> model(full, grid);
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
+  if (from) tg::dist::load_one_process_state(model, opt, from->params, from->state);
   tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
   const std::int64_t global = grid.dp_size * kRows, first = grid.dp_rank * kRows;
-  Run out;
-  std::int64_t k = 0;
+  GridRun out;
+  std::int64_t k = first_batch;
   auto next = [&] { return rows_of(k++, global, first, kRows); };
   if (pp > 1) {
     tg::dist::PipelineStep<Policy, tg::NoCheckpoint, tg::cpu, tg::amp::default_scaler_t<Policy>, tg::dist::TensorParallelGPT<>> step(
@@ -93,10 +105,13 @@ Run on_grid(int tp, int pp, std::int64_t micro, int steps) {
       out.losses.push_back(step.run(model, next, drop, [&](const auto& logits, const Batch& b) { return model.loss(logits, b.targets); }).loss);
   }
   for (const auto& e : model.gather_full()) out.weights[e.name] = e.tensor.to_vector();
+  auto gathered = tg::dist::gather_one_process_state(model, opt);
+  out.params = std::move(gathered.params);
+  out.state = std::move(gathered.state);
   return out;
 }
 
-void expect_close(const Run& got, const Run& ref, double tol, const std::string& what) {
+void expect_close(const GridRun& got, const GridRun& ref, double tol, const std::string& what) {
   double worst = 0, sums[2] = {0, 0};
   for (std::size_t i = 0; i < ref.losses.size(); ++i) {
     const double rel = std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i];
@@ -122,6 +137,13 @@ void expect_close(const Run& got, const Run& ref, double tol, const std::string&
                 got.losses.back(), ref.losses.back(), rel, tol);
 }
 
+/// A grid with tensor and pipeline parallelism where the world allows: tp 2 on an even world, the pipeline
+/// over what is left (2 stages, or all of an odd remainder).
+std::pair<int, int> largest_grid() {
+  const int n = W().size(), tp = n % 2 == 0 ? 2 : 1, rest = n / tp;
+  return {tp, rest % 2 == 0 ? 2 : rest};
+}
+
 TEST(ProcessGrid, EveryFactorizationEqualsOneProcess) {
   const int n = W().size();
   for (int tp = 1; tp <= n; ++tp)
@@ -140,10 +162,46 @@ TEST(ProcessGrid, EveryFactorizationEqualsOneProcess) {
 
 TEST(ProcessGrid, Bf16OnTheLargestGrid) {
   const int n = W().size();
-  const int tp = n % 2 == 0 ? 2 : 1, pp = n / tp >= 2 ? 2 : 1;
-  if (n % (tp * pp) != 0) GTEST_SKIP();
+  const auto [tp, pp] = largest_grid();
   expect_close(on_grid<tg::amp::bf16_mixed>(tp, pp, 4, 6), one_process<tg::amp::bf16_mixed>(n / (tp * pp), 4, 6), 1e-2,
                "bf16, pp " + std::to_string(pp) + " x tp " + std::to_string(tp));
+}
+
+TEST(ProcessGrid, CheckpointsAreInTheOneProcessLayout) {
+  const auto [tp, pp] = largest_grid();
+  const int dp = W().size() / (tp * pp);
+  const GridRun got = on_grid<tg::amp::fp32_policy>(tp, pp, 2, 4), ref = one_process<tg::amp::fp32_policy>(dp, 2, 4);
+  if (W().rank() != 0) return;  // the model group's rank 0 of replica 0 holds them
+  ASSERT_EQ(got.params.size(), ref.params.size());
+  for (std::size_t i = 0; i < ref.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].name, ref.params[i].name);  // the one-process order
+    EXPECT_EQ(got.params[i].tensor.shape(), ref.params[i].tensor.shape()) << ref.params[i].name;
+  }
+  std::map<std::string, const tg::Tensor<float>*> by_name;
+  for (const auto& e : got.state) by_name[e.name] = &e.tensor;
+  ASSERT_EQ(got.state.size(), ref.state.size()) << "entries missing from the gathered optimizer state";
+  for (const auto& e : ref.state) {
+    ASSERT_TRUE(by_name.count(e.name)) << e.name;
+    ASSERT_EQ(by_name[e.name]->shape(), e.tensor.shape()) << e.name;
+    if (e.name.ends_with(".step")) EXPECT_EQ(by_name[e.name]->to_vector(), e.tensor.to_vector()) << e.name;
+  }
+}
+
+TEST(ProcessGrid, ResumesAOneProcessCheckpoint) {
+  const auto [tp, pp] = largest_grid();
+  const int dp = W().size() / (tp * pp);
+  const GridRun first = one_process<tg::amp::fp32_policy>(dp, 2, 3);   // 3 steps, batches 0-5
+  const GridRun all = one_process<tg::amp::fp32_policy>(dp, 2, 6);     // 6 steps
+  const GridRun rest = on_grid<tg::amp::fp32_policy>(tp, pp, 2, 3, 6, &first);
+  GridRun tail = all;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 3);
+  expect_close(rest, tail, 1e-4, "pp " + std::to_string(pp) + " x tp " + std::to_string(tp) + " resumed from a one-process step 3");
+  // And the other way: the grid's gathered state resumes alone.
+  const GridRun mid = on_grid<tg::amp::fp32_policy>(tp, pp, 2, 3);
+  if (W().rank() == 0) {
+    const GridRun alone = one_process<tg::amp::fp32_policy>(dp, 2, 3, 6, &mid);
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(std::abs(alone.losses[i] - all.losses[3 + i]) / all.losses[3 + i], 1e-4) << "step " << 3 + i;
+  }
 }
 
 TEST(ProcessGrid, GridsThatDoNotFitAreClearErrors) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -71,6 +72,44 @@ class ConsolidatedState final : public optim::AnyOptimizer {
   std::int64_t steps_;
   std::vector<optim::NamedTensor> state_;
 };
+
+/// The union of every rank's named host tensors (a collective over `comm`, host buffers): each rank's list,
+/// in rank order, a name already taken by a lower rank skipped (the same entry held by several ranks, such as
+/// "optimizer.step" or a tied weight's copy, is taken from the first). The result is returned on `root`
+/// (an empty list elsewhere), or on every rank when root is -1.
+inline std::vector<optim::NamedTensor> gather_named_tensors(std::vector<optim::NamedTensor> mine, Communicator& comm, int root) {
+  // A manifest of each rank's entries (name and shape), then each entry broadcast from its rank.
+  std::ostringstream manifest;
+  for (auto& e : mine) {
+    manifest << e.name << '\t' << e.tensor.dim();
+    for (int d = 0; d < e.tensor.dim(); ++d) manifest << ' ' << e.tensor.shape()[d];
+    manifest << '\n';
+  }
+  const std::vector<std::string> all = comm.all_gather_strings(manifest.str());
+  std::map<std::string, const Tensor<fp32>*> by_name;
+  for (auto& e : mine) by_name[e.name] = &e.tensor;
+  std::vector<optim::NamedTensor> out;
+  std::set<std::string> taken;
+  const bool keep = root < 0 || comm.rank() == root;
+  for (int r = 0; r < comm.size(); ++r) {
+    std::istringstream in(all[static_cast<std::size_t>(r)]);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto tab = line.find('\t');
+      const std::string name = line.substr(0, tab);
+      if (!taken.insert(name).second) continue;  // a lower rank's copy was taken
+      std::istringstream dims(line.substr(tab + 1));
+      int nd = 0;
+      dims >> nd;
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(nd));
+      for (auto& d : shape) dims >> d;
+      Tensor<fp32> t = r == comm.rank() ? by_name.at(name)->contiguous_raw() : Tensor<fp32>::empty(Shape(shape));
+      if (comm.size() > 1) comm.broadcast(t, r);
+      if (keep) out.push_back({name, t});
+    }
+  }
+  return out;
+}
 
 enum class Sharding {
   none,       ///< DDP: every rank keeps all gradients and optimizer state
@@ -195,35 +234,7 @@ class DataParallel final : public train::StepSync {
   std::vector<optim::NamedTensor> gather_optimizer_state(const optim::AnyOptimizer& opt) {
     std::vector<optim::NamedTensor> mine = opt.state_tensors();
     if (options_.sharding == Sharding::none || comm_.size() == 1) return comm_.rank() == 0 ? mine : std::vector<optim::NamedTensor>{};
-    // A manifest of each rank's entries (name and shape), then each entry broadcast from its rank.
-    std::ostringstream manifest;
-    for (auto& e : mine) {
-      if (comm_.rank() != 0 && e.name == "optimizer.step") continue;  // the same on every rank: rank 0's
-      manifest << e.name << '\t' << e.tensor.dim();
-      for (int d = 0; d < e.tensor.dim(); ++d) manifest << ' ' << e.tensor.shape()[d];
-      manifest << '\n';
-    }
-    const std::vector<std::string> all = comm_.all_gather_strings(manifest.str());
-    std::map<std::string, const Tensor<fp32>*> by_name;
-    for (auto& e : mine) by_name[e.name] = &e.tensor;
-    std::vector<optim::NamedTensor> out;
-    for (int r = 0; r < comm_.size(); ++r) {
-      std::istringstream in(all[static_cast<std::size_t>(r)]);
-      std::string line;
-      while (std::getline(in, line)) {
-        const auto tab = line.find('\t');
-        const std::string name = line.substr(0, tab);
-        std::istringstream dims(line.substr(tab + 1));
-        int nd = 0;
-        dims >> nd;
-        std::vector<std::int64_t> shape(static_cast<std::size_t>(nd));
-        for (auto& d : shape) dims >> d;
-        Tensor<fp32> t = r == comm_.rank() ? by_name.at(name)->contiguous_raw() : Tensor<fp32>::empty(Shape(shape));
-        host_comm().broadcast(t, r);
-        if (comm_.rank() == 0) out.push_back({name, t});
-      }
-    }
-    return out;
+    return gather_named_tensors(std::move(mine), host_comm(), /*root=*/0);
   }
 
   /// After loading a consolidated state into `opt` (every parameter's), drops the state of the parameters this

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -457,6 +458,93 @@ class TensorParallelSync final : public train::StepSync {
  private:
   const TensorParallelGPT<D>* model_;
 };
+
+// Note [checkpoints of a process grid]
+// A grid's checkpoint is written in the one-process layout (GPT-2 names and shapes, the optimizer's state
+// under its one-process names), so any grid, or one process, resumes any other grid's run.
+// gather_one_process_state: each stage gathers its parameters and its optimizer state over its tensor-parallel
+// group (a state slot shaped like its parameter's slice is gathered like the parameter; step counts are
+// replicated), then the stages' lists are joined over the pipeline (the tied wte and "optimizer.step" taken
+// from the first stage), on the model group's rank 0. load_one_process_state gives each rank the slices of its
+// stage's parameters and state from the one-process lists. Optimizer state not shaped like its parameter
+// (Adafactor's factored moments) cannot be split and is an error under tensor parallelism.
+
+/// The parameter `entry` ("<param>.<slot>") belongs to, among `names`; "" when none.
+inline std::string param_of_entry(const std::string& entry, const std::vector<std::string>& names) {
+  std::string best;
+  for (const auto& n : names)
+    if (entry.size() > n.size() && entry.starts_with(n) && entry[n.size()] == '.' && entry.find('.', n.size() + 1) == std::string::npos &&
+        n.size() > best.size())
+      best = n;
+  return best;
+}
+
+/// The parameters and optimizer state of a grid's replica in the one-process layout (Note [checkpoints of a
+/// process grid]), on its model group's rank 0 (empty lists elsewhere). A collective over the model group.
+struct OneProcessState {
+  std::vector<optim::NamedTensor> params, state;
+};
+template <Device D>
+OneProcessState gather_one_process_state(const TensorParallelGPT<D>& model, const optim::AnyOptimizer& opt) {
+  std::vector<std::string> names;
+  for (const auto& p : model.sharded_parameters()) names.push_back(p.name);
+  std::vector<optim::NamedTensor> params = model.gather_full(), state;
+  for (auto& e : opt.state_tensors()) {
+    const std::string p = param_of_entry(e.name, names);
+    if (p.empty() || e.name == p + ".step") {
+      state.push_back(std::move(e));
+      continue;
+    }
+    const auto& sp = *std::find_if(model.sharded_parameters().begin(), model.sharded_parameters().end(),
+                                   [&](const auto& x) { return x.name == p; });
+    if (sp.split == Split::replicated) {
+      state.push_back(std::move(e));
+      continue;
+    }
+    TG_CHECK(e.tensor.shape() == sp.tensor.shape(), "tensor parallelism: the optimizer state '", e.name, "' (shape ", e.tensor.shape(),
+             ") is not shaped like its parameter's slice ", sp.tensor.shape(), ": it cannot be gathered (use adamw, adam, sgd or lamb)");
+    state.push_back({e.name, model.gather_like(p, e.tensor)});
+  }
+  const int root = 0;
+  const bool mine = model.tensor_group().rank() == 0;
+  OneProcessState out{gather_named_tensors(std::move(params), model.pipeline(), root), gather_named_tensors(std::move(state), model.pipeline(), root)};
+  if (!mine) out = {};
+  return out;
+}
+
+/// Loads this rank's slices of one-process parameters and optimizer state (as written by a one-process run or
+/// gather_one_process_state) into the stage's parameters and `opt` (Note [checkpoints of a process grid]).
+template <Device D>
+void load_one_process_state(const TensorParallelGPT<D>& model, optim::BasicOptimizer<D>& opt, const std::vector<optim::NamedTensor>& params,
+                            const std::vector<optim::NamedTensor>& state) {
+  std::map<std::string, const Tensor<fp32>*> full;
+  for (const auto& e : params) full[e.name] = &e.tensor;
+  std::vector<std::string> names;
+  for (const auto& p : model.sharded_parameters()) {
+    auto it = full.find(p.name);
+    TG_CHECK(it != full.end(), "tensor parallelism: the checkpoint has no parameter '", p.name, "'");
+    names.push_back(p.name);
+  }
+  std::vector<optim::NamedTensor> mine;
+  for (const auto& e : state) {
+    if (e.name == "optimizer.step") {
+      mine.push_back(e);
+      continue;
+    }
+    const std::string p = param_of_entry(e.name, names);
+    if (p.empty()) continue;  // another stage's
+    if (e.name == p + ".step" || e.tensor.shape() != full.at(p)->shape() || model.split_of_param(p) == Split::replicated) {
+      TG_CHECK(e.name == p + ".step" || model.split_of_param(p) == Split::replicated, "tensor parallelism: the optimizer state '", e.name,
+               "' is not shaped like its parameter: it cannot be split (use adamw, adam, sgd or lamb)");
+      mine.push_back(e);
+      continue;
+    }
+    mine.push_back({e.name, model.slice_like(p, e.tensor)});
+  }
+  opt.load_state(mine);  // checks everything before it changes anything
+  for (const auto& p : model.sharded_parameters())
+    tg::detail::copy_tensor(model.slice_like(p.name, *full.at(p.name)).template to<D>().detach(), p.tensor.detach());
+}
 
 /// A data x tensor-parallel grid's part in each TrainStep (no pipeline; PipelineStep takes the data-parallel
 /// group itself): the replicas' gradients reduced in buckets over the data-parallel group (DataParallel, DDP),
