@@ -167,6 +167,21 @@ void validate_options(const Options& o) {
     if (width % heads != 0)
       throw tg::Error("--width ", width, " is not a multiple of --heads ", heads, " (each head gets width / heads)");
   }
+  positive("--tp", o.tp, 4096);
+  positive("--pp", o.pp, 4096);
+  if (o.tp * o.pp > 1) {  // Note [model parallelism in the trainer]: what the grid run does not combine with yet
+    const auto preset = tg::nn::GPTConfig::preset(o.model);
+    const std::int64_t heads = o.heads > 0 ? o.heads : preset.n_head, layers = o.layers > 0 ? o.layers : preset.n_layer;
+    if (heads % o.tp != 0) throw tg::Error("--tp ", o.tp, ": the model's ", heads, " attention heads do not split over ", o.tp, " ranks");
+    if (o.pp > layers) throw tg::Error("--pp ", o.pp, ": more pipeline stages than the model's ", layers, " blocks");
+    if (o.device != "cpu") throw tg::Error("--tp/--pp train on the CPU only so far (the vocabulary-parallel cross-entropy has no GPU kernel)");
+    if (o.dist == "zero1" || o.dist == "zero2") throw tg::Error("--tp/--pp: the replicas average their gradients (ddp); --dist ", o.dist, " is not combined yet");
+    if (o.checkpoint != "none" && o.tp > 1) throw tg::Error("--tp: activation checkpointing is not combined with tensor parallelism yet");
+    if (o.checkpoint != "none") throw tg::Error("--pp: activation checkpointing is not combined with the grid run yet");
+    if (!o.prune.empty() || !o.distill_from.empty() || o.offload || o.eval_only)
+      throw tg::Error("--tp/--pp: --prune, --distill-from, --offload and --eval-only are not combined with the grid run yet");
+    if (!o.init_from.empty()) throw tg::Error("--tp/--pp: start from a checkpoint with --resume (--init-from is not combined yet)");
+  }
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))
       throw tg::Error("--bucket-mb must be a positive number of MiB up to 4096, got ", o.bucket_mb);

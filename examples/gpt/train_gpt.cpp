@@ -7,6 +7,7 @@
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
 //   train_gpt --device cuda --model gpt2 --precision bf16 --batch 16 --seq 1024   # on a GPU (Note [training on a GPU])
 #include "eval_only.hpp"
+#include "parallel.hpp"
 #include "trainer.hpp"
 
 namespace train_gpt {
@@ -97,13 +98,16 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    if (!o.dist.empty() || tg::dist::launched_by_mpi()) {  // Note [data parallelism in the trainer]
+    const bool grid = o.tp * o.pp > 1;  // Note [model parallelism in the trainer]
+    if (!o.dist.empty() || grid || tg::dist::launched_by_mpi()) {  // Note [data parallelism in the trainer]
       tg::dist::Communicator& world = tg::dist::world();
       o.world = world.size();
       o.rank = world.rank();
-      if (o.dist.empty() && o.world > 1)
-        throw tg::Error("this process is one of ", o.world, " ranks started by an MPI launcher: pass --dist ddp, zero1 or zero2 "
-                        "(or start one process)");
+      if (o.dist.empty() && !grid && o.world > 1)
+        throw tg::Error("this process is one of ", o.world, " ranks started by an MPI launcher: pass --dist ddp, zero1 or zero2, "
+                        "or --tp/--pp (or start one process)");
+      if (grid && o.world % (o.tp * o.pp) != 0)
+        throw tg::Error("--tp ", o.tp, " x --pp ", o.pp, " = ", o.tp * o.pp, " does not divide the ", o.world, " ranks started");
       const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
       const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
       if (o.threads == 0 && o.world > 1) {  // the machine's CPUs shared among its ranks
@@ -122,6 +126,7 @@ int main(int argc, char** argv) {
     if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
       std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
+    if (grid) return tg::amp::with_precision(o.precision, [&]<class P>() { return train_gpt::train_parallel<P>(o); });
     // The run-time choices become types here, once: precision policy, checkpointing, device.
     return tg::amp::with_precision(o.precision, [&]<class P>() {
       return tg::with_checkpointing(o.checkpoint, [&]<class C>() {

@@ -282,8 +282,8 @@ class Session {
     o.tokenizer_json = data.tok.to_json();
     token_bytes_ = data.tok.token_byte_lengths();
     check_memory(o, config);  // before the model is allocated
-    if (!o.save_dir.empty()) {  // a save directory that cannot be written is found now, not at the first save
-      if (o.rank == 0) ckpts.emplace(o.save_dir, o.keep);  // under --dist rank 0 writes (Note [data parallelism in the trainer])
+    if (!o.save_dir.empty() && o.rank == 0) {  // a save directory that cannot be written is found now, not at the first save
+      ckpts.emplace(o.save_dir, o.keep);      // under --dist rank 0 writes (Note [data parallelism in the trainer])
       ckpts->check_writable();
     }
     if (!o.plot.empty()) {  // the plot is written at the end: a path that cannot take it is found now

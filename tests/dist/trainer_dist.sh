@@ -5,7 +5,9 @@
 #  2. a ZeRO-2 run on 2 ranks x --batch 6 saves a consolidated checkpoint at step 6; it resumes on 1 rank
 #     (--batch 12, no --dist) and on 3 ranks (ZeRO-1, --batch 4), and both log the uninterrupted run's losses
 #     for steps 7-12;
-#  3. ranks started with different settings stop at start-up naming the difference; ranks started without
+#  3. --tp 2 --pp 2 on 4 ranks logs one process's losses; its checkpoint resumes alone, on 2 data-parallel
+#     ranks and on --tp 2 with the same losses; bad grids stop before any work;
+#  4. ranks started with different settings stop at start-up naming the difference; ranks started without
 #     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
 #   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
 set -euo pipefail
@@ -53,7 +55,31 @@ run -np 3 "$T" "${C[@]}" --steps 12 --batch 4 --dist zero1 --resume ck/ckpt-0000
 same_losses alone.jsonl zero2.jsonl 7 1e-6
 same_losses three.jsonl zero2.jsonl 7 1e-6
 
-# 3. Errors.
+# 3. A process grid (Note [model parallelism in the trainer]): tp 2 x pp 2 on 4 ranks logs the one process's
+#    losses; its checkpoint (one-process layout) resumes alone and on 2 data-parallel ranks with the same losses.
+G=(--steps 10 --batch 4 --grad-accum 2)
+"$T" "${C[@]}" "${G[@]}" --log g_one.jsonl > g_one.out
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --save-dir gck --save-every 5 --keep 0 --log grid.jsonl > grid.out
+grep -q "grid: dp 1 x pp 2 x tp 2 = 4 ranks (mpi)" grid.out
+grep -q "pipeline bubble: (p-1)/(m+p-1) = 0.333" grid.out
+same_losses grid.jsonl g_one.jsonl 1 1e-6
+"$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume gck/ckpt-00000005.safetensors --log g_alone.jsonl > g_alone.out
+run -np 2 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --dist ddp --resume gck/ckpt-00000005.safetensors --log g_dp.jsonl > g_dp.out
+run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --tp 2 --resume gck/ckpt-00000005.safetensors --log g_tp.jsonl > g_tp.out
+same_losses g_alone.jsonl g_one.jsonl 6 1e-6
+same_losses g_dp.jsonl g_one.jsonl 6 1e-6
+same_losses g_tp.jsonl g_one.jsonl 6 1e-6
+for bad in "--tp 3" "--pp 5"; do
+  if "$T" "${C[@]}" --steps 4 $bad > bad.out 2>&1; then echo "FAIL: train_gpt $bad trained"; exit 1; fi
+  grep -q "do not split over 3 ranks\|more pipeline stages than the model's 4 blocks" bad.out || { cat bad.out; exit 1; }
+done
+set +e
+run -np 3 "$T" "${C[@]}" --steps 4 --batch 4 --tp 2 > bad3.out 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "does not divide the 3 ranks started" bad3.out || { echo "FAIL: --tp 2 on 3 ranks"; cat bad3.out; exit 1; }
+
+# 4. Errors.
 set +e
 run -np 1 "$T" "${C[@]}" --steps 4 --batch 4 --dist ddp : -np 1 "$T" "${C[@]}" --steps 4 --batch 4 --dist ddp --weight-decay 0.05 > mismatch.out 2>&1
 rc=$?
