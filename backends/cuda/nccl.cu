@@ -26,12 +26,7 @@
 namespace tg::dist {
 namespace {
 
-std::int64_t total_of(std::span<const std::int64_t> counts) {
-  std::int64_t n = 0;
-  for (auto c : counts) n += c;
-  return n;
-}
-std::size_t bytes_of(DType d, std::int64_t n) { return dtype_size(d) * static_cast<std::size_t>(n); }
+using detail::total_count;
 cudaStream_t caller_stream() { return static_cast<cudaStream_t>(backend::cuda::current_stream()); }
 
 ncclDataType_t type_of(DType d) {
@@ -110,8 +105,8 @@ class NcclCommunicator final : public Communicator {
     check_device("reduce_scatter", recv);
     check_counts("reduce_scatter", counts);
     const auto mine = counts[static_cast<std::size_t>(rank_)];
-    TG_CHECK(send.count == total_of(counts) && recv.count == mine && send.dtype == recv.dtype, "dist::reduce_scatter: send holds ",
-             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts), " with ", mine, " for rank ", rank_);
+    TG_CHECK(send.count == total_count(counts) && recv.count == mine && send.dtype == recv.dtype, "dist::reduce_scatter: send holds ",
+             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_count(counts), " with ", mine, " for rank ", rank_);
     const ncclRedOp_t rop = op_of("reduce_scatter", send.dtype, op);
     const ncclDataType_t type = type_of(send.dtype);
     return issue("reduce_scatter", [&] {
@@ -123,7 +118,7 @@ class NcclCommunicator final : public Communicator {
         std::int64_t at = 0;
         for (int r = 0; r < size_; ++r) {
           const auto c = counts[static_cast<std::size_t>(r)];
-          if (c) TG_NCCL_CHECK(ncclReduce(static_cast<char*>(send.data) + bytes_of(send.dtype, at), r == rank_ ? recv.data : nullptr,
+          if (c) TG_NCCL_CHECK(ncclReduce(static_cast<char*>(send.data) + detail::buffer_bytes(send.dtype, at), r == rank_ ? recv.data : nullptr,
                                           static_cast<std::size_t>(c), type, rop, r, comm_, stream_));
           at += c;
         }
@@ -138,8 +133,8 @@ class NcclCommunicator final : public Communicator {
     check_device("all_gather", recv);
     check_counts("all_gather", counts);
     const auto mine = counts[static_cast<std::size_t>(rank_)];
-    TG_CHECK(recv.count == total_of(counts) && send.count == mine && send.dtype == recv.dtype, "dist::all_gather: send holds ",
-             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts), " with ", mine, " for rank ", rank_);
+    TG_CHECK(recv.count == total_count(counts) && send.count == mine && send.dtype == recv.dtype, "dist::all_gather: send holds ",
+             send.count, " and recv ", recv.count, " elements; the counts sum to ", total_count(counts), " with ", mine, " for rank ", rank_);
     const ncclDataType_t type = type_of(send.dtype);
     return issue("all_gather", [&] {
       if (equal(counts)) {
@@ -150,7 +145,7 @@ class NcclCommunicator final : public Communicator {
         std::int64_t at = 0;
         for (int r = 0; r < size_; ++r) {
           const auto c = counts[static_cast<std::size_t>(r)];
-          void* part = static_cast<char*>(recv.data) + bytes_of(recv.dtype, at);
+          void* part = static_cast<char*>(recv.data) + detail::buffer_bytes(recv.dtype, at);
           if (c) TG_NCCL_CHECK(ncclBroadcast(r == rank_ ? send.data : part, part, static_cast<std::size_t>(c), type, r, comm_, stream_));
           at += c;
         }

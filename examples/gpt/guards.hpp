@@ -169,7 +169,7 @@ void validate_options(const Options& o) {
   }
   positive("--tp", o.tp, 4096);
   positive("--pp", o.pp, 4096);
-  if (o.tp * o.pp > 1) {  // Note [model parallelism in the trainer]: what the grid run does not combine with yet
+  if (o.grid) {  // Note [model parallelism in the trainer]: what the grid run does not combine with yet
     const auto preset = tg::nn::GPTConfig::preset(o.model);
     const std::int64_t heads = o.heads > 0 ? o.heads : preset.n_head, layers = o.layers > 0 ? o.layers : preset.n_layer;
     if (heads % o.tp != 0) throw tg::Error("--tp ", o.tp, ": the model's ", heads, " attention heads do not split over ", o.tp, " ranks");

@@ -90,6 +90,7 @@ struct Options {
   std::int64_t dist_timeout = 300;   // seconds a rank waits for the others before it ends the run
   int world = 1, rank = 0;           // filled by main from the MPI world
   std::int64_t tp = 1, pp = 1;       // tensor- and pipeline-parallel sizes (Note [model parallelism in the trainer])
+  bool grid = false;                 // --tp or --pp was given: the process-grid run (even 1 x 1)
   bool offload = false;              // the optimizer's state and update on the host (Note [optimizer offload])
   /// Sequences per optimizer micro-step over every rank (--batch is per data-parallel replica).
   std::int64_t global_batch() const { return batch * (world / std::max<std::int64_t>(1, tp * pp)); }
@@ -119,8 +120,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--reduce-dtype", o.reduce_dtype, "--dist: the gradients' precision on the wire")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--dist-overlap", o.dist_overlap, "--dist: start each bucket's reduction during backward (0: after it)");
   app.add_option("--dist-timeout", o.dist_timeout, "--dist: seconds a rank waits for the others before it ends the run");
-  app.add_option("--tp", o.tp, "tensor-parallel ranks per model (heads, MLP and vocabulary split; CPU)");
-  app.add_option("--pp", o.pp, "pipeline stages per model (the blocks split; --grad-accum micro-batches on the 1F1B schedule)");
+  CLI::Option* tp_flag = app.add_option("--tp", o.tp, "tensor-parallel ranks per model (heads, MLP and vocabulary split; CPU)");
+  CLI::Option* pp_flag = app.add_option("--pp", o.pp, "pipeline stages per model (the blocks split; --grad-accum micro-batches on the 1F1B schedule)");
   app.add_flag("--offload", o.offload, "keep the optimizer's state and update on the host, run by the CPU's kernels (a GPU keeps the "
                                        "weights and gradients: larger models fit; on the CPU it changes nothing but the path)");
   app.add_option("--steps", o.steps, "optimizer steps");
@@ -191,6 +192,7 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   try {
     o.seed = parse_seed(seed_text);
     o.tokenizer_given = tokenizer_flag->count() > 0;
+    o.grid = tp_flag->count() + pp_flag->count() > 0;
     // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
     if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
     if (prune_end_flag->count() == 0) o.prune_end = std::max(o.prune_end, o.prune_start);  // one-shot at --prune-start

@@ -56,12 +56,7 @@ int train_parallel(Options o) {
     if (!o.tokenizer_given) o.tokenizer = tokenizer_setting(resume->record->config_json);
   }
   TrainingData data = load_training_data(o, resume ? resume->record : std::nullopt);
-  tg::nn::GPTConfig config = tg::nn::GPTConfig::preset(o.model, data.tok.vocab_size());
-  if (o.layers > 0) config.n_layer = o.layers;
-  if (o.width > 0) config.n_embd = o.width;
-  if (o.heads > 0) config.n_head = o.heads;
-  config.block_size = std::max(config.block_size, o.seq);
-  config.dropout = o.dropout;
+  const tg::nn::GPTConfig config = model_config(o, data.tok.vocab_size());
   o.model_json = tg::io::gpt_config_json(config);
   o.tokenizer_json = data.tok.to_json();
   // Every rank must run the same settings (as under --dist).
@@ -121,6 +116,10 @@ int train_parallel(Options o) {
                 (long long)o.grad_accum, (long long)o.batch, (long long)o.seq, o.pp > 1 ? ", 1F1B" : "");
     if (o.pp > 1)
       std::printf("pipeline bubble: (p-1)/(m+p-1) = %.3f of each step\n", pipe->bubble_fraction());
+    std::int64_t mine = 0;
+    for (const auto& p : params) mine += p.tensor.numel();
+    std::printf("rank 0 (stage 0, tensor rank 0): blocks %lld-%lld, %.3fM parameters, %s of fp32 weights\n", (long long)model.first_block(),
+                (long long)model.last_block() - 1, static_cast<double>(mine) / 1e6, tg::train::human_bytes(mine * 4).c_str());
     std::printf("precision %s | optimizer %s, lr %.2g, %s schedule\n", o.precision.c_str(), o.optimizer.c_str(), o.lr, o.schedule.c_str());
     std::fflush(stdout);
   }
@@ -159,13 +158,26 @@ int train_parallel(Options o) {
   tg::train::JsonLinesLog log(root ? o.log : std::string(), start_step, tg::train::OnLogError::stop);
   tg::train::RunClock clock(o.global_batch() * o.seq * o.grad_accum, start_step, o.steps);
   auto next = [&] { return sampler.next(); };
+  // What the summary reports (rank 0): the step's memory above what stays between steps, the bytes each kind
+  // of model parallelism moved and the time a stage waited on its neighbours.
+  std::int64_t step_peak = 0, tp_bytes = 0, pp_bytes = 0;
+  double pp_wait = 0;
   for (std::int64_t k = start_step + 1; k <= o.steps; ++k) {
+    const std::int64_t resident = tg::allocator<tg::cpu>().stats().bytes_in_use;
+    tg::allocator<tg::cpu>().reset_peak();
+    model.reset_tensor_parallel_bytes();
     const auto t0 = tg::train::Clock::now();
     const tg::train::StepResult r =
         pipe ? pipe->run(next, dropout_gen)
              : step->run(model, next, dropout_gen, [&](const auto& logits, const tg::data::Batch& b) { return model.loss(logits, b.targets); });
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
+    step_peak = std::max(step_peak, tg::allocator<tg::cpu>().stats().peak_bytes - resident);
+    tp_bytes += model.tensor_parallel_bytes();
+    if (pipe) {
+      pp_bytes += pipe->stats().bytes_sent;
+      pp_wait += pipe->stats().wait_seconds;
+    }
     if (root && (k % 10 == 0 || k == 1 || k == o.steps))
       std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s\n", (long long)k, (long long)o.steps,
                   r.loss, r.lr, r.grad_norm, seconds * 1e3, clock.tokens_per_second(),
@@ -187,6 +199,22 @@ int train_parallel(Options o) {
     const auto mem = tg::allocator<tg::cpu>().stats();
     std::printf("\nsummary\n  steps             %lld\n  speed             %.1f ms/step, %.0f tokens/s\n  memory            peak %s (rank 0)\n",
                 (long long)o.steps, clock.ms_per_step(), clock.tokens_per_second(), tg::train::human_bytes(mem.peak_bytes).c_str());
+    // Rank 0's figures against Note [tensor parallelism] / Note [pipeline parallelism]: per micro-batch, 4
+    // all-reduces of (B,T,C) per block and 1 for the embedding (stage 0), 1 for the head (last stage); the
+    // stage sends m activations forward (unless last) and m gradients backward (unless first).
+    const double steps_run = static_cast<double>(std::max<std::int64_t>(1, clock.steps_run()));
+    const double act = static_cast<double>(o.batch * o.seq * config.n_embd * static_cast<std::int64_t>(sizeof(typename tg::amp::MixedPrecision<P>::compute_type)));
+    const double blocks = static_cast<double>(model.last_block() - model.first_block());
+    const double micro = static_cast<double>(o.grad_accum);
+    const double tp_formula = o.tp > 1 ? (4 * blocks + (model.is_first() ? 1 : 0) + (model.is_last() ? 1 : 0)) * micro * act : 0;
+    const double pp_formula = o.pp > 1 ? ((model.is_last() ? 0 : 1) + (model.is_first() ? 0 : 1)) * micro * act : 0;
+    std::printf("  model parallel    rank 0: step memory above the state kept between steps %s; tensor-parallel all-reduce %.2f MiB/step "
+                "(formula %.2f); pipeline sends %.2f MiB/step (formula %.2f)\n",
+                tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
+                static_cast<double>(pp_bytes) / steps_run / (1 << 20), pp_formula / (1 << 20));
+    if (pipe)
+      std::printf("  pipeline          rank 0 waited on its neighbours %.1f%% of the step time (the 1F1B bubble (p-1)/(m+p-1) = %.1f%%)\n",
+                  100 * pp_wait / std::max(clock.train_seconds(), 1e-9), 100 * pipe->bubble_fraction());
   });
   return 0;
 }

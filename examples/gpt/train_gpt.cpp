@@ -1,8 +1,8 @@
 // train_gpt: trains a GPT on a text file (by default the English fortunes of Debian's `fortunes` package)
 // with live progress, periodic validation, generated samples and a closing summary. This file is the
 // training loop; options.hpp holds the flags, data.hpp the data and tokenizer, trainer.hpp the rest of a run
-// (model, optimizer, --resume, checkpoints, what it prints), compress.hpp --prune and --distill-from, and
-// eval_only.hpp --eval-only (with --quantize).
+// (model, optimizer, --resume, checkpoints, what it prints), compress.hpp --prune and --distill-from,
+// eval_only.hpp --eval-only (with --quantize), and parallel.hpp the --tp/--pp run on a process grid.
 //   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
 //   train_gpt --device cuda --model gpt2 --precision bf16 --batch 16 --seq 1024   # on a GPU (Note [training on a GPU])
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    const bool grid = o.tp * o.pp > 1;  // Note [model parallelism in the trainer]
+    const bool grid = o.grid;  // --tp / --pp: Note [model parallelism in the trainer]
     if (!o.dist.empty() || grid || tg::dist::launched_by_mpi()) {  // Note [data parallelism in the trainer]
       tg::dist::Communicator& world = tg::dist::world();
       o.world = world.size();

@@ -114,6 +114,18 @@ std::unique_ptr<tg::optim::BasicOptimizer<D>> make_optimizer(const Options& o, c
   return make_optimizer_over<D>(o, std::move(groups));
 }
 
+/// The model of --model over a vocabulary of `vocab`, with --layers / --width / --heads overriding the preset,
+/// at least --seq positions, and --dropout.
+inline tg::nn::GPTConfig model_config(const Options& o, std::int64_t vocab) {
+  tg::nn::GPTConfig config = tg::nn::GPTConfig::preset(o.model, vocab);
+  if (o.layers > 0) config.n_layer = o.layers;
+  if (o.width > 0) config.n_embd = o.width;
+  if (o.heads > 0) config.n_head = o.heads;
+  config.block_size = std::max(config.block_size, o.seq);
+  config.dropout = o.dropout;
+  return config;
+}
+
 // The settings that decide what a run computes (not where it writes), as JSON for the checkpoint.
 inline std::string run_config_json(const Options& o) {
   auto str = [](const std::string& v) {
@@ -272,12 +284,7 @@ class Session {
       if (!o.tokenizer_given) o.tokenizer = tokenizer_setting(resume_choice->record->config_json);
     }
     data = load_training_data(o, resume_choice ? resume_choice->record : std::nullopt);
-    config = tg::nn::GPTConfig::preset(o.model, data.tok.vocab_size());
-    if (o.layers > 0) config.n_layer = o.layers;  // --layers / --width / --heads override the preset
-    if (o.width > 0) config.n_embd = o.width;
-    if (o.heads > 0) config.n_head = o.heads;
-    config.block_size = std::max(config.block_size, o.seq);
-    config.dropout = o.dropout;
+    config = model_config(o, data.tok.vocab_size());
     o.model_json = tg::io::gpt_config_json(config);
     o.tokenizer_json = data.tok.to_json();
     token_bytes_ = data.tok.token_byte_lengths();

@@ -19,12 +19,7 @@
 namespace tg::dist {
 
 namespace {
-std::int64_t total_of(std::span<const std::int64_t> counts) {
-  std::int64_t n = 0;
-  for (auto c : counts) n += c;
-  return n;
-}
-std::size_t bytes_of(DType d, std::int64_t n) { return dtype_size(d) * static_cast<std::size_t>(n); }
+using detail::total_count;
 void copy_bytes(void* dst, const void* src, std::size_t n) {
   if (n && dst != src) std::memmove(dst, src, n);
 }
@@ -41,7 +36,7 @@ std::vector<std::string> Communicator::all_gather_strings(const std::string& min
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(n), 0), ones(static_cast<std::size_t>(n), 1);
   std::int64_t my_len = static_cast<std::int64_t>(mine.size());
   all_gather(Buffer{&my_len, 1, DType::i64, DeviceKind::cpu}, Buffer{lengths.data(), n, DType::i64, DeviceKind::cpu}, ones);
-  std::string all(static_cast<std::size_t>(total_of(lengths)), '\0');
+  std::string all(static_cast<std::size_t>(total_count(lengths)), '\0');
   std::string copy = mine;
   all_gather(Buffer{copy.data(), my_len, DType::u8, DeviceKind::cpu}, Buffer{all.data(), static_cast<std::int64_t>(all.size()), DType::u8, DeviceKind::cpu},
              lengths);
@@ -62,7 +57,7 @@ Work SingleProcess::reduce_scatter_async(Buffer send, Buffer recv, std::span<con
            recv.count, " elements, the counts say ", counts[0]);
   TG_CHECK(send.device == DeviceKind::cpu || send.data == recv.data,
            "dist::reduce_scatter: the single-process world copies host buffers only (pass the same buffer twice on a GPU)");
-  copy_bytes(recv.data, send.data, bytes_of(send.dtype, send.count));
+  copy_bytes(recv.data, send.data, detail::buffer_bytes(send.dtype, send.count));
   return {};
 }
 
@@ -72,7 +67,7 @@ Work SingleProcess::all_gather_async(Buffer send, Buffer recv, std::span<const s
            recv.count, " elements, the counts say ", counts[0]);
   TG_CHECK(send.device == DeviceKind::cpu || send.data == recv.data,
            "dist::all_gather: the single-process world copies host buffers only (pass the same buffer twice on a GPU)");
-  copy_bytes(recv.data, send.data, bytes_of(send.dtype, send.count));
+  copy_bytes(recv.data, send.data, detail::buffer_bytes(send.dtype, send.count));
   return {};
 }
 
@@ -234,8 +229,8 @@ class MpiCommunicator final : public Communicator {
     check_host("reduce_scatter", send);
     check_host("reduce_scatter", recv);
     check_counts("reduce_scatter", counts);
-    TG_CHECK(send.count == total_of(counts) && recv.count == counts[static_cast<std::size_t>(rank_)] && send.dtype == recv.dtype,
-             "dist::reduce_scatter: send holds ", send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts),
+    TG_CHECK(send.count == total_count(counts) && recv.count == counts[static_cast<std::size_t>(rank_)] && send.dtype == recv.dtype,
+             "dist::reduce_scatter: send holds ", send.count, " and recv ", recv.count, " elements; the counts sum to ", total_count(counts),
              " with ", counts[static_cast<std::size_t>(rank_)], " for rank ", rank_);
     auto work = std::make_unique<MpiWork>(*this, "reduce_scatter");
     set_counts(*work, counts, "reduce_scatter");
@@ -253,8 +248,8 @@ class MpiCommunicator final : public Communicator {
     check_host("all_gather", send);
     check_host("all_gather", recv);
     check_counts("all_gather", counts);
-    TG_CHECK(recv.count == total_of(counts) && send.count == counts[static_cast<std::size_t>(rank_)] && send.dtype == recv.dtype,
-             "dist::all_gather: send holds ", send.count, " and recv ", recv.count, " elements; the counts sum to ", total_of(counts),
+    TG_CHECK(recv.count == total_count(counts) && send.count == counts[static_cast<std::size_t>(rank_)] && send.dtype == recv.dtype,
+             "dist::all_gather: send holds ", send.count, " and recv ", recv.count, " elements; the counts sum to ", total_count(counts),
              " with ", counts[static_cast<std::size_t>(rank_)], " for rank ", rank_);
     auto work = std::make_unique<MpiWork>(*this, "all_gather");
     set_counts(*work, counts, "all_gather");
@@ -351,7 +346,7 @@ class MpiCommunicator final : public Communicator {
     auto work = std::make_unique<MpiWork>(*this, what);
     const MPI_Datatype type = type_of(buf.dtype);
     Work w = restart(std::move(work),
-                     {[=](MPI_Request* r) {
+                     {[=, this](MPI_Request* r) {
                        return sending ? MPI_Isend(buf.data, static_cast<int>(buf.count), type, peer, tag, comm_, r)
                                       : MPI_Irecv(buf.data, static_cast<int>(buf.count), type, peer, tag, comm_, r);
                      }},

@@ -50,6 +50,17 @@ struct Buffer {
   DeviceKind device = DeviceKind::cpu;
 };
 
+namespace detail {
+/// counts[0] + ... + counts[n-1].
+inline std::int64_t total_count(std::span<const std::int64_t> counts) {
+  std::int64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
+}
+/// The bytes of `n` elements of `d`.
+inline std::size_t buffer_bytes(DType d, std::int64_t n) { return dtype_size(d) * static_cast<std::size_t>(n); }
+}  // namespace detail
+
 /// A contiguous tensor's elements as a Buffer.
 template <Element T, Device D>
 Buffer buffer_of(const Tensor<T, D>& t) {

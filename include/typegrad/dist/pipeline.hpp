@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -135,6 +136,7 @@ class PipelineGPT {
 struct PipelineStats {
   std::int64_t activations_sent = 0, bytes_sent = 0;  ///< this stage's sends (activations and gradients), this step
   int max_alive = 0;                                  ///< the most micro-batches whose activations were alive at once
+  double wait_seconds = 0;                            ///< time blocked on the neighbours' sends and receives, this step
 };
 
 /// The training step of a pipeline stage: the 1F1B schedule over m micro-batches, then the one step boundary
@@ -224,6 +226,11 @@ class PipelineStep {
       return x;
     };
     const int prev = s - 1, next = s + 1;
+    auto timed = [&](auto&& f) {  // time blocked on the neighbours (the bubble and the transfers)
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     auto count_send = [&](const Tensor<compute_type, D>& t) {
       ++stats_.activations_sent;
       stats_.bytes_sent += static_cast<std::int64_t>(t.nbytes());
@@ -234,18 +241,18 @@ class PipelineStep {
       Tensor<compute_type, D> x;
       if (!st.is_first()) {
         x = fresh();
-        pp.recv(buffer_of(x), prev, 0);
+        timed([&] { pp.recv(buffer_of(x), prev, 0); });
       }
       forward(i, st.is_first() ? x : leaf(x));
       if (!st.is_last()) {
-        pp.send(buffer_of(outputs[static_cast<std::size_t>(i)].detach()), next, 0);
+        timed([&] { pp.send(buffer_of(outputs[static_cast<std::size_t>(i)].detach()), next, 0); });
         count_send(outputs[static_cast<std::size_t>(i)]);
       }
     }
     Tensor<compute_type, D> x;
     if (warm < m && !st.is_first()) {
       x = fresh();
-      pp.recv(buffer_of(x), prev, 0);
+      timed([&] { pp.recv(buffer_of(x), prev, 0); });
     }
     for (std::int64_t j = 0; j < m - warm; ++j) {
       const std::int64_t i = warm + j;
@@ -256,8 +263,10 @@ class PipelineStep {
         Work sent = pp.send_async(buffer_of(outputs[static_cast<std::size_t>(i)].detach()), next, 0);
         Work got = pp.recv_async(buffer_of(g), next, 1);
         count_send(outputs[static_cast<std::size_t>(i)]);
-        sent.wait();
-        got.wait();
+        timed([&] {
+          sent.wait();
+          got.wait();
+        });
       }
       const Tensor<compute_type, D> dx = backward(j, g);
       if (st.is_first()) continue;
@@ -266,10 +275,12 @@ class PipelineStep {
         Work sent = pp.send_async(buffer_of(dx), prev, 1);
         Work got = pp.recv_async(buffer_of(x), prev, 0);
         count_send(dx);
-        sent.wait();
-        got.wait();
+        timed([&] {
+          sent.wait();
+          got.wait();
+        });
       } else {
-        pp.send(buffer_of(dx), prev, 1);
+        timed([&] { pp.send(buffer_of(dx), prev, 1); });
         count_send(dx);
       }
     }
@@ -277,11 +288,11 @@ class PipelineStep {
       Tensor<compute_type, D> g;
       if (!st.is_last()) {
         g = fresh();
-        pp.recv(buffer_of(g), next, 1);
+        timed([&] { pp.recv(buffer_of(g), next, 1); });
       }
       const Tensor<compute_type, D> dx = backward(i, g);
       if (!st.is_first()) {
-        pp.send(buffer_of(dx), prev, 1);
+        timed([&] { pp.send(buffer_of(dx), prev, 1); });
         count_send(dx);
       }
     }

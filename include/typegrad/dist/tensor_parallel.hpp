@@ -55,18 +55,21 @@ namespace tg::dist {
 // For the global gradient norm the split parameters' squares are summed over the group and the replicated
 // ones counted once (TensorParallelSync::counts_in_norm).
 
-/// Forward: x; backward: the gradient summed over `comm`'s ranks (Megatron's f).
+/// Forward: x; backward: the gradient summed over `comm`'s ranks (Megatron's f). `bytes`, when given, counts
+/// the bytes all-reduced.
 template <FloatingElement T, Device D>
-Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm) {
+Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm, std::int64_t* bytes = nullptr) {
   Tensor<T, D> out = x.detach();
   struct Saved {
     Communicator* comm;
+    std::int64_t* bytes;
   };
-  autodiff::record("copy_to_group", out, Saved{&comm},
+  autodiff::record("copy_to_group", out, Saved{&comm, bytes},
                    [](Saved& s, const Tensor<T, D>& dout, auto) {
                      Tensor<T, D> g = Tensor<T, D>::empty(dout.shape());
                      tg::detail::copy_tensor(dout, g);
                      s.comm->all_reduce(g, ReduceOp::sum);
+                     if (s.bytes && s.comm->size() > 1) *s.bytes += static_cast<std::int64_t>(g.nbytes());
                      return std::tuple{g};
                    }, x);
   return out;
@@ -74,10 +77,11 @@ Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm) {
 
 /// Forward: x summed over `comm`'s ranks; backward: identity (Megatron's g).
 template <FloatingElement T, Device D>
-Tensor<T, D> reduce_from_group(const Tensor<T, D>& x, Communicator& comm) {
+Tensor<T, D> reduce_from_group(const Tensor<T, D>& x, Communicator& comm, std::int64_t* bytes = nullptr) {
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   tg::detail::copy_tensor(x, out);
   comm.all_reduce(out, ReduceOp::sum);
+  if (bytes && comm.size() > 1) *bytes += static_cast<std::int64_t>(out.nbytes());
   struct Saved {};
   autodiff::record("reduce_from_group", out, Saved{}, [](Saved&, const Tensor<T, D>& dout, auto) { return std::tuple{dout}; }, x);
   return out;
@@ -277,7 +281,7 @@ class TensorParallelGPT {
       mask_host.data()[i] = T(in ? 1.0f : 0.0f);
     }
     const Tensor<T, D> mask = mask_host.template to<D>();
-    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), *tp_);
+    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), *tp_, &bytes_);
     x = add(x, embedding(w<T>("wpe.weight"), Tensor<std::int64_t>::arange(T_)));
     return dropout(x, config_.dropout, dropout_gen, training);
   }
@@ -291,15 +295,15 @@ class TensorParallelGPT {
     Communicator& g = *tp_;
     for (std::int64_t l = first_; l < last_; ++l) {
       const std::string h = "h." + std::to_string(l) + ".";
-      const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g);
+      const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g, &bytes_);
       const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
       auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
       const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
-      const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g), w<T>(h + "attn.c_proj.bias"));
+      const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), w<T>(h + "attn.c_proj.bias"));
       x = add(x, dropout(o, config_.dropout, dropout_gen, training));
-      const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g);
+      const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g, &bytes_);
       const Tensor<T, D> f = linear_gelu_tanh(m, w<T>(h + "mlp.c_fc.weight"), w<T>(h + "mlp.c_fc.bias"));  // (B,T,4C/n)
-      const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g), w<T>(h + "mlp.c_proj.bias"));
+      const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g, &bytes_), w<T>(h + "mlp.c_proj.bias"));
       x = add(x, dropout(o2, config_.dropout, dropout_gen, training));
     }
     return x;
@@ -309,7 +313,7 @@ class TensorParallelGPT {
   template <FloatingElement T>
   Tensor<T, D> head(const Tensor<T, D>& x) const {
     TG_CHECK(v1_ > v0_, "TensorParallelGPT: rank ", tp_->rank(), " holds no vocabulary");
-    const Tensor<T, D> h = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), *tp_);
+    const Tensor<T, D> h = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), *tp_, &bytes_);
     return linear(h, w<T>("wte.weight"));  // the tied head (the last stage's copy of wte under a pipeline)
   }
   template <FloatingElement T>
@@ -354,6 +358,10 @@ class TensorParallelGPT {
     return s;
   }
   Split split_of_param(const std::string& name) const { return find(name).split; }
+  /// Bytes all-reduced over the tensor-parallel group by the model's forward and backward since the last reset
+  /// (Note [tensor parallelism]: (4 per block + 2) all-reduces of (B,T,C) per micro-batch on a whole model).
+  std::int64_t tensor_parallel_bytes() const { return bytes_; }
+  void reset_tensor_parallel_bytes() { bytes_ = 0; }
 
   /// How the GPT-2 parameter `name` is split (Note [tensor parallelism]).
   static Split split_of(const std::string& name) {
@@ -439,6 +447,7 @@ class TensorParallelGPT {
   std::int64_t first_ = 0, last_ = 0;
   std::vector<ShardedParam<D>> params_;
   std::int64_t v0_ = 0, v1_ = 0;
+  mutable std::int64_t bytes_ = 0;  // Note [tensor parallelism]: the all-reduced bytes, counted by the ops
 };
 
 /// The tensor-parallel group's part in each training step (train::StepSync): the boundary's flags and the
