@@ -22,8 +22,8 @@ namespace train_gpt {
 // Note [model parallelism in the trainer]
 // --tp N --pp M arrange the world as dp x pp x tp (Note [process grid]; dp = world / (N·M)): each replica's
 // model is split into M pipeline stages (Note [pipeline parallelism]) of N tensor-parallel ranks (Note
-// [tensor parallelism]), and the replicas average their gradients (plain DDP: --dist zero1|zero2 is not
-// combined with --tp or --pp yet). --batch is per replica, --grad-accum gives the micro-batches (with a
+// [tensor parallelism]), and the replicas average their gradients (DDP; with --tp alone also --dist zero1 or
+// zero2 over the replicas of each slice, not yet with --pp). --batch is per replica, --grad-accum gives the micro-batches (with a
 // pipeline, the 1F1B schedule runs them through the stages). The full model is drawn from the seed on every
 // rank and sliced, so a grid starts from the one-process run's weights. Checkpoints are gathered into the
 // one-process layout (Note [checkpoints of a process grid]) and written by rank 0; --resume loads any run's
@@ -103,17 +103,23 @@ int train_parallel(Options o) {
   if (o.pp > 1) {
     pipe = std::make_unique<Pipe>(model, *opt, schedule, step_options, o.grad_accum, tg::amp::default_scaler_t<P>{}, grid.dp.get(), &world);
   } else {
-    sync = std::make_unique<tg::dist::GridSync<tg::cpu>>(model, grid, tg::dist::DataParallelOptions{.bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20))});
+    const tg::dist::Sharding sharding = o.dist == "zero2"   ? tg::dist::Sharding::gradients
+                                        : o.dist == "zero1" ? tg::dist::Sharding::optimizer
+                                                            : tg::dist::Sharding::none;
+    sync = std::make_unique<tg::dist::GridSync<tg::cpu>>(
+        model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20))});
+    if (resume) sync->data_parallel().shard_loaded_state(*opt);  // ZeRO: each replica keeps its shard of the loaded state
     step_options.sync = sync.get();
     step = std::make_unique<tg::train::TrainStep<P>>(params, *opt, schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
     step->restore_steps(schedule.step());
   }
   if (root) {
     std::printf("typegrad %s | data: %s | tokenizer: %s\n", TG_VERSION_STRING, data.ds->source().c_str(), data.tok.describe().c_str());
-    std::printf("model %s: L=%lld H=%lld C=%lld V=%lld, %.2fM parameters | grid: dp %d x pp %d x tp %d = %d ranks (mpi), %lld micro-batches of %lldx%lld per replica%s\n",
+    std::printf("model %s: L=%lld H=%lld C=%lld V=%lld, %.2fM parameters | grid: dp %d x pp %d x tp %d = %d ranks (mpi), %lld micro-batches of %lldx%lld per replica%s%s\n",
                 o.model.c_str(), (long long)config.n_layer, (long long)config.n_head, (long long)config.n_embd, (long long)config.vocab_size,
                 tg::nn::count_parameters(full.named_parameters()) / 1e6, grid.dp_size, grid.pp_size, grid.tp_size, world.size(),
-                (long long)o.grad_accum, (long long)o.batch, (long long)o.seq, o.pp > 1 ? ", 1F1B" : "");
+                (long long)o.grad_accum, (long long)o.batch, (long long)o.seq, o.pp > 1 ? ", 1F1B" : "",
+                o.dist.empty() || grid.dp_size == 1 ? "" : (", replicas: " + o.dist).c_str());
     if (o.pp > 1)
       std::printf("pipeline bubble: (p-1)/(m+p-1) = %.3f of each step\n", pipe->bubble_fraction());
     std::int64_t mine = 0;
@@ -124,9 +130,16 @@ int train_parallel(Options o) {
     std::fflush(stdout);
   }
   const std::vector<std::int32_t> token_bytes = data.tok.token_byte_lengths();
+  // The replica's state in the one-process layout, on rank 0 (ZeRO: consolidated over the replicas first).
+  auto gather = [&] {
+    std::optional<tg::dist::ConsolidatedState> consolidated;
+    if (sync) consolidated.emplace(*opt, sync->data_parallel().gather_optimizer_state(*opt));
+    const tg::optim::AnyOptimizer& state = consolidated ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated) : *opt;
+    return tg::dist::gather_one_process_state(model, state);
+  };
   // Validation and samples on the full model gathered onto rank 0 (the others wait at the next collective).
   auto on_full_model = [&](auto&& use) {
-    auto gathered = tg::dist::gather_one_process_state(model, *opt);
+    auto gathered = gather();
     if (root) use(*full_model_of(config, gathered.params));
   };
   auto validate = [&](std::int64_t k) {
@@ -136,7 +149,7 @@ int train_parallel(Options o) {
     });
   };
   auto save = [&](std::int64_t k) {
-    auto gathered = tg::dist::gather_one_process_state(model, *opt);
+    auto gathered = gather();
     if (!ckpts) return;
     std::vector<tg::optim::Param> host;
     for (auto& e : gathered.params) host.emplace_back(e.name, e.tensor);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,7 +82,8 @@ GridRun one_process(std::int64_t dp, std::int64_t micro, int steps, std::int64_t
 /// `steps` steps on the grid tp x pp (dp: the rest), from the seed or, with `from`, from a one-process run's
 /// parameters and optimizer state (its next batch: `first_batch`).
 template <class Policy>
-GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr) {
+GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr,
+            tg::dist::Sharding sharding = tg::dist::Sharding::none) {
   tg::dist::ProcessGrid grid(W(), tp, pp);
   tg::Generator init(from ? 77 : 8), drop(9);  // resumed: another seed, so the loaded weights must count
   const tg::nn::GPT full(config(), init);
@@ -94,18 +96,24 @@ GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t firs
   GridRun out;
   std::int64_t k = first_batch;
   auto next = [&] { return rows_of(k++, global, first, kRows); };
+  std::optional<tg::dist::GridSync<tg::cpu>> sync;
   if (pp > 1) {
     tg::dist::PipelineStep<Policy, tg::NoCheckpoint, tg::cpu, tg::amp::default_scaler_t<Policy>, tg::dist::TensorParallelGPT<>> step(
         model, opt, sched, {.clip = 0.5}, micro, {}, grid.dp.get(), grid.world);
     for (int i = 0; i < steps; ++i) out.losses.push_back(step.run(next, drop).loss);
   } else {
-    tg::dist::GridSync<tg::cpu> sync(model, grid);
-    tg::train::TrainStep<Policy> step(ps, opt, sched, {.clip = 0.5, .sync = &sync}, tg::optim::GradAccumRuntime(micro));
+    sync.emplace(model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = 8 << 10});
+    if (from) sync->data_parallel().shard_loaded_state(opt);
+    tg::train::TrainStep<Policy> step(ps, opt, sched, {.clip = 0.5, .sync = &*sync}, tg::optim::GradAccumRuntime(micro));
     for (int i = 0; i < steps; ++i)
       out.losses.push_back(step.run(model, next, drop, [&](const auto& logits, const Batch& b) { return model.loss(logits, b.targets); }).loss);
   }
   for (const auto& e : model.gather_full()) out.weights[e.name] = e.tensor.to_vector();
-  auto gathered = tg::dist::gather_one_process_state(model, opt);
+  // Under ZeRO each replica holds a shard of the optimizer state: consolidated over the data-parallel group first.
+  std::optional<tg::dist::ConsolidatedState> consolidated;
+  if (sync) consolidated.emplace(opt, sync->data_parallel().gather_optimizer_state(opt));
+  const tg::optim::AnyOptimizer& state = consolidated ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated) : opt;
+  auto gathered = tg::dist::gather_one_process_state(model, state);
   out.params = std::move(gathered.params);
   out.state = std::move(gathered.state);
   return out;
@@ -158,6 +166,19 @@ TEST(ProcessGrid, EveryFactorizationEqualsOneProcess) {
         expect_close(on_grid<tg::amp::fp32_policy>(tp, pp, m, 6), one_process<tg::amp::fp32_policy>(dp, m, 6), 1e-4, what);
       }
     }
+}
+
+TEST(ProcessGrid, ZeroOverTensorParallelReplicas) {
+  const int n = W().size();
+  if (n == 1 || n == 3) GTEST_SKIP() << "needs an even world: replicas of a tensor-parallel model, or of a whole one";
+  const int tp = n >= 4 ? 2 : 1, dp = n / tp;
+  for (const auto sharding : {tg::dist::Sharding::optimizer, tg::dist::Sharding::gradients}) {
+    const std::string what = std::string(tg::dist::sharding_name(sharding)) + ", dp " + std::to_string(dp) + " x tp " + std::to_string(tp);
+    const GridRun got = on_grid<tg::amp::fp32_policy>(tp, 1, 2, 6, 0, nullptr, sharding);
+    const GridRun ref = one_process<tg::amp::fp32_policy>(dp, 2, 6);
+    expect_close(got, ref, 1e-4, what);
+    if (W().rank() == 0) EXPECT_EQ(got.state.size(), ref.state.size()) << what << ": the consolidated state lacks entries";
+  }
 }
 
 TEST(ProcessGrid, Bf16OnTheLargestGrid) {

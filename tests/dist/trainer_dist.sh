@@ -6,7 +6,8 @@
 #     (--batch 12, no --dist) and on 3 ranks (ZeRO-1, --batch 4), and both log the uninterrupted run's losses
 #     for steps 7-12;
 #  3. --tp 2 --pp 2 on 4 ranks logs one process's losses; its checkpoint resumes alone, on 2 data-parallel
-#     ranks and on --tp 2 with the same losses; bad grids stop before any work;
+#     ranks and on --tp 2 with the same losses; --tp 2 --dist zero1 on 4 ranks too, and its checkpoint resumes
+#     alone; bad grids stop before any work;
 #  4. ranks started with different settings stop at start-up naming the difference; ranks started without
 #     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
 #   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
@@ -69,6 +70,17 @@ run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --tp 2 --resume gck
 same_losses g_alone.jsonl g_one.jsonl 6 1e-6
 same_losses g_dp.jsonl g_one.jsonl 6 1e-6
 same_losses g_tp.jsonl g_one.jsonl 6 1e-6
+# The small preset in bf16 on the same grid: the one process's losses within bf16's rounding.
+"$T" "${C[@]}" --model small --steps 4 --batch 4 --grad-accum 2 --precision bf16 --log s_one.jsonl > s_one.out
+run -np 4 "$T" "${C[@]}" --model small --steps 4 --batch 4 --grad-accum 2 --precision bf16 --tp 2 --pp 2 --log s_grid.jsonl > s_grid.out
+same_losses s_grid.jsonl s_one.jsonl 1 1e-2
+# ZeRO-1 over the replicas of a tensor-parallel model (dp 2 x tp 2): the one process's losses, and its consolidated
+# checkpoint resumes alone.
+run -np 4 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --tp 2 --dist zero1 --save-dir zck --save-every 5 --keep 0 --log g_zero.jsonl > g_zero.out
+grep -q "grid: dp 2 x pp 1 x tp 2 = 4 ranks (mpi).*replicas: zero1" g_zero.out
+same_losses g_zero.jsonl g_one.jsonl 1 1e-6
+"$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume zck/ckpt-00000005.safetensors --log g_zalone.jsonl > g_zalone.out
+same_losses g_zalone.jsonl g_one.jsonl 6 1e-6
 for bad in "--tp 3" "--pp 5"; do
   if "$T" "${C[@]}" --steps 4 $bad > bad.out 2>&1; then echo "FAIL: train_gpt $bad trained"; exit 1; fi
   grep -q "do not split over 3 ranks\|more pipeline stages than the model's 4 blocks" bad.out || { cat bad.out; exit 1; }

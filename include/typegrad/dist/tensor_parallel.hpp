@@ -556,18 +556,19 @@ void load_one_process_state(const TensorParallelGPT<D>& model, optim::BasicOptim
 }
 
 /// A data x tensor-parallel grid's part in each TrainStep (no pipeline; PipelineStep takes the data-parallel
-/// group itself): the replicas' gradients reduced in buckets over the data-parallel group (DataParallel, DDP),
-/// the flags summed over the world, the squared norms over the tensor-parallel group.
+/// group itself): the replicas' gradients reduced in buckets over the data-parallel group (DataParallel: DDP,
+/// ZeRO-1 or ZeRO-2 over the replicas of each slice), the flags summed over the world, the squared norms over
+/// the tensor-parallel group, or over the world when ZeRO leaves each replica a shard of the gradients.
 template <Device D>
 class GridSync final : public train::StepSync {
  public:
   GridSync(const TensorParallelGPT<D>& model, const ProcessGrid& grid, DataParallelOptions options = {})
-      : model_(&model), grid_(&grid), dp_(*grid.dp, model.named_parameters(), check(options)) {
+      : model_(&model), grid_(&grid), dp_(*grid.dp, model.named_parameters(), options) {
     TG_CHECK(grid.pp_size == 1, "GridSync: a grid with a pipeline trains through PipelineStep");
   }
   void sum(std::span<double> values) const override { grid_->world->all_reduce(values, ReduceOp::sum); }
-  void sum_norms(std::span<double> values) const override { grid_->model->all_reduce(values, ReduceOp::sum); }
-  bool sharded_grads() const override { return grid_->model->size() > 1; }
+  void sum_norms(std::span<double> values) const override { (zero() ? *grid_->world : *grid_->model).all_reduce(values, ReduceOp::sum); }
+  bool sharded_grads() const override { return grid_->model->size() > 1 || zero(); }
   int ranks() const override { return grid_->world->size(); }
   bool counts_in_norm(const std::string& param) const override { return model_->counts_in_norm(param); }
   void before_backward(std::int64_t micro, std::int64_t n) override { dp_.before_backward(micro, n); }
@@ -576,10 +577,7 @@ class GridSync final : public train::StepSync {
   DataParallel<D>& data_parallel() { return dp_; }
 
  private:
-  static DataParallelOptions check(DataParallelOptions o) {
-    TG_CHECK(o.sharding == Sharding::none, "GridSync: ZeRO with tensor parallelism is not supported yet (use ddp)");
-    return o;
-  }
+  bool zero() const { return dp_.sharding() != Sharding::none && grid_->dp_size > 1; }
   const TensorParallelGPT<D>* model_;
   const ProcessGrid* grid_;
   DataParallel<D> dp_;
