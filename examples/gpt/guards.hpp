@@ -174,7 +174,7 @@ void validate_options(const Options& o) {
     const std::int64_t heads = o.heads > 0 ? o.heads : preset.n_head, layers = o.layers > 0 ? o.layers : preset.n_layer;
     if (heads % o.tp != 0) throw tg::Error("--tp ", o.tp, ": the model's ", heads, " attention heads do not split over ", o.tp, " ranks");
     if (o.pp > layers) throw tg::Error("--pp ", o.pp, ": more pipeline stages than the model's ", layers, " blocks");
-    if (o.device != "cpu") throw tg::Error("--tp/--pp train on the CPU only so far (the vocabulary-parallel cross-entropy has no GPU kernel)");
+    if (o.device != "cpu") throw tg::Error("--tp/--pp train on the CPU only so far (the vocabulary-parallel cross-entropy computes on the host)");
     if ((o.dist == "zero1" || o.dist == "zero2") && o.pp > 1)
       throw tg::Error("--pp: the pipeline's replicas average their gradients (ddp); --dist ", o.dist, " is combined with --tp only so far");
     if (o.checkpoint != "none" && o.tp > 1) throw tg::Error("--tp: activation checkpointing is not combined with tensor parallelism yet");

@@ -90,29 +90,33 @@ Tensor<T, D> reduce_from_group(const Tensor<T, D>& x, Communicator& comm, std::i
 /// Mean cross-entropy of logits split by vocabulary over `comm` (rank r holds columns [v0, v0 + Vl) of the V
 /// logits): log-sum-exp per row from the ranks' partial ones (an all-gather of one number per row), the target's
 /// logit from its owner (an all-reduce), so the full logits are never gathered. Every rank returns the loss;
-/// the backward gives each rank the gradient of its own columns: (softmax - onehot) / rows. CPU.
-inline Tensor<fp32> vocab_parallel_cross_entropy(const Tensor<fp32>& logits, const Tensor<std::int64_t>& targets, Communicator& comm,
-                                                 std::int64_t v0, std::int64_t vocab) {
-  const std::int64_t Vl = logits.size(-1), N = logits.numel() / std::max<std::int64_t>(1, Vl);
+/// the backward gives each rank the gradient of its own columns: (softmax - onehot) / rows. The math is fp64 on
+/// the host (a device's logits are copied there and the gradient back).
+template <FloatingElement T, Device D>
+Tensor<T, D> vocab_parallel_cross_entropy(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets, Communicator& comm,
+                                          std::int64_t v0, std::int64_t vocab) {
+  TG_CHECK(logits.dim() >= 1, "vocab_parallel_cross_entropy: logits must have a last dim of classes, got ", logits.shape());
+  const std::int64_t Vl = logits.size(-1), N = Vl > 0 ? logits.numel() / Vl : 0;
   TG_CHECK(targets.numel() == N, "vocab_parallel_cross_entropy: ", N, " rows of logits, ", targets.numel(), " targets");
-  const Tensor<fp32> l = logits.contiguous_raw();
+  const Tensor<T> l = logits.detach().template to<cpu>().contiguous_raw();
   const Tensor<std::int64_t> t = targets.contiguous_raw();
   const int n = comm.size();
   std::vector<double> lse_parts(static_cast<std::size_t>(N) * static_cast<std::size_t>(n));
   std::vector<double> mine(static_cast<std::size_t>(N)), target_logit(static_cast<std::size_t>(N), 0.0);
   for (std::int64_t i = 0; i < N; ++i) {
-    const fp32* row = l.data() + i * Vl;
+    const T* row = l.data() + i * Vl;
     double m = -std::numeric_limits<double>::infinity();
     for (std::int64_t j = 0; j < Vl; ++j) m = std::max(m, static_cast<double>(row[j]));
     double s = 0;
     for (std::int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(row[j]) - m);
-    mine[static_cast<std::size_t>(i)] = Vl > 0 ? m + std::log(s) : -std::numeric_limits<double>::infinity();
+    mine[static_cast<std::size_t>(i)] = m + std::log(s);
     const std::int64_t y = t.data()[i];
     TG_CHECK(y >= 0 && y < vocab, "vocab_parallel_cross_entropy: target ", y, " is outside the vocabulary of ", vocab);
-    if (y >= v0 && y < v0 + Vl) target_logit[static_cast<std::size_t>(i)] = row[y - v0];
+    if (y >= v0 && y < v0 + Vl) target_logit[static_cast<std::size_t>(i)] = static_cast<double>(row[y - v0]);
   }
   std::vector<std::int64_t> counts(static_cast<std::size_t>(n), N);
-  comm.all_gather(Buffer{mine.data(), N, DType::f64}, Buffer{lse_parts.data(), N * n, DType::f64}, counts);
+  const DeviceKind host = DeviceKind::cpu;
+  comm.all_gather(Buffer{mine.data(), N, DType::f64, host}, Buffer{lse_parts.data(), N * n, DType::f64, host}, counts);
   comm.all_reduce(std::span<double>(target_logit), ReduceOp::sum);
   std::vector<double> lse(static_cast<std::size_t>(N));
   double total = 0;
@@ -124,26 +128,26 @@ inline Tensor<fp32> vocab_parallel_cross_entropy(const Tensor<fp32>& logits, con
     lse[static_cast<std::size_t>(i)] = m + std::log(s);
     total += lse[static_cast<std::size_t>(i)] - target_logit[static_cast<std::size_t>(i)];
   }
-  Tensor<fp32> out = Tensor<fp32>::full({}, total / static_cast<double>(N));
+  Tensor<T, D> out = Tensor<T>::full({}, total / static_cast<double>(std::max<std::int64_t>(1, N))).template to<D>().detach();
   struct Saved {
-    Tensor<fp32> logits;
+    Tensor<T> logits;
     Tensor<std::int64_t> targets;
     std::vector<double> lse;
     std::int64_t v0;
   };
   autodiff::record("vocab_parallel_cross_entropy", out, Saved{l, t, std::move(lse), v0},
-                   [N, Vl, shape = logits.shape()](Saved& s, const Tensor<fp32>& dout, auto) {
-                     const double g = static_cast<double>(dout.item()) / static_cast<double>(N);
-                     Tensor<fp32> dl = Tensor<fp32>::empty(shape);
+                   [N, Vl, shape = logits.shape()](Saved& s, const Tensor<T, D>& dout, auto) {
+                     const double g = static_cast<double>(dout.item()) / static_cast<double>(std::max<std::int64_t>(1, N));
+                     Tensor<T> dl = Tensor<T>::empty(shape);
                      for (std::int64_t i = 0; i < N; ++i) {
-                       const fp32* row = s.logits.data() + i * Vl;
-                       fp32* d = dl.data() + i * Vl;
+                       const T* row = s.logits.data() + i * Vl;
+                       T* d = dl.data() + i * Vl;
                        const double lse_i = s.lse[static_cast<std::size_t>(i)];
-                       for (std::int64_t j = 0; j < Vl; ++j) d[j] = static_cast<fp32>(std::exp(static_cast<double>(row[j]) - lse_i) * g);
                        const std::int64_t y = s.targets.data()[i] - s.v0;
-                       if (y >= 0 && y < Vl) d[y] = static_cast<fp32>(static_cast<double>(d[y]) - g);
+                       for (std::int64_t j = 0; j < Vl; ++j)
+                         d[j] = T(std::exp(static_cast<double>(row[j]) - lse_i) * g - (j == y ? g : 0.0));
                      }
-                     return std::tuple{dl};
+                     return std::tuple{dl.template to<D>().detach()};
                    }, logits);
   return out;
 }
@@ -331,10 +335,8 @@ class TensorParallelGPT {
 
   /// The mean cross-entropy from every rank's logits (vocab_parallel_cross_entropy), as an fp32 scalar.
   template <FloatingElement T>
-  Tensor<fp32> loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
-    static_assert(std::is_same_v<D, cpu>, "TensorParallelGPT::loss: the vocabulary-parallel cross-entropy runs on the CPU only so far");
-    const Tensor<fp32> l32 = logits.template to<fp32>();
-    return vocab_parallel_cross_entropy(l32, targets, *tp_, v0_, config_.vocab_size);
+  Tensor<fp32, D> loss(const Tensor<T, D>& logits, const Tensor<std::int64_t>& targets) const {
+    return vocab_parallel_cross_entropy(logits.template to<fp32>(), targets, *tp_, v0_, config_.vocab_size);
   }
 
   /// Every parameter in the one-process layout (host fp32, GPT-2 names and shapes), gathered from the group:
