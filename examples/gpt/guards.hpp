@@ -182,6 +182,8 @@ void validate_options(const Options& o) {
     if (!o.prune.empty() || !o.distill_from.empty() || o.offload || o.eval_only)
       throw tg::Error("--tp/--pp: --prune, --distill-from, --offload and --eval-only are not combined with the grid run yet");
     if (!o.init_from.empty()) throw tg::Error("--tp/--pp: start from a checkpoint with --resume (--init-from is not combined yet)");
+    if (!o.plot.empty() || o.sample_every > 0 || o.log_errors != "stop" || o.allow_nonfinite_weights)
+      throw tg::Error("--tp/--pp: --plot, --sample-every, --log-errors warn and --allow-nonfinite-weights are not combined with the grid run yet");
   }
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))
