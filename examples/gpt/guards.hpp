@@ -177,8 +177,6 @@ void validate_options(const Options& o) {
     if (o.device != "cpu") throw tg::Error("--tp/--pp train on the CPU only so far (the vocabulary-parallel cross-entropy computes on the host)");
     if ((o.dist == "zero1" || o.dist == "zero2") && o.pp > 1)
       throw tg::Error("--pp: the pipeline's replicas average their gradients (ddp); --dist ", o.dist, " is combined with --tp only so far");
-    if (o.checkpoint != "none" && o.tp > 1) throw tg::Error("--tp: activation checkpointing is not combined with tensor parallelism yet");
-    if (o.checkpoint != "none") throw tg::Error("--pp: activation checkpointing is not combined with the grid run yet");
     if (!o.prune.empty() || !o.distill_from.empty() || o.offload || o.eval_only)
       throw tg::Error("--tp/--pp: --prune, --distill-from, --offload and --eval-only are not combined with the grid run yet");
     if (!o.init_from.empty()) throw tg::Error("--tp/--pp: start from a checkpoint with --resume (--init-from is not combined yet)");

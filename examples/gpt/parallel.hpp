@@ -29,7 +29,7 @@ namespace train_gpt {
 // one-process layout (Note [checkpoints of a process grid]) and written by rank 0; --resume loads any run's
 // checkpoint (one process, --dist, any grid) into the grid. Rank 0 prints, logs and evaluates: validation
 // and the final sample run on the full model gathered onto it. The tensor-parallel cross-entropy runs on the
-// CPU, so --tp/--pp train on the CPU only; activation checkpointing is not combined with --tp yet.
+// CPU, so --tp/--pp train on the CPU only. --checkpoint recomputes each block, its all-reduces included.
 // Bad grids stop before any work: heads or width not divisible by --tp, more stages than blocks, a world
 // that is not a multiple of --tp x --pp.
 
@@ -43,8 +43,9 @@ inline std::unique_ptr<tg::nn::GPT> full_model_of(const tg::nn::GPTConfig& confi
   return m;
 }
 
-/// The grid run of --tp / --pp with policy P (Note [model parallelism in the trainer]).
-template <class P>
+/// The grid run of --tp / --pp with policy P and the blocks' checkpointing C (Note [model parallelism in the
+/// trainer]).
+template <class P, class C>
 int train_parallel(Options o) {
   tg::dist::Communicator& world = tg::dist::world();
   world.set_timeout(std::chrono::seconds(o.dist_timeout));
@@ -96,10 +97,10 @@ int train_parallel(Options o) {
   if (o.run_id.empty()) o.run_id = tg::train::new_run_id();
   tg::train::StepOptions step_options{.clip = o.clip > 0 ? std::optional<double>(o.clip) : std::nullopt,
                                       .on_non_finite = o.on_nonfinite == "skip" ? tg::optim::OnNonFinite::skip : tg::optim::OnNonFinite::stop};
-  using Pipe = tg::dist::PipelineStep<P, tg::NoCheckpoint, tg::cpu, tg::amp::default_scaler_t<P>, tg::dist::TensorParallelGPT<tg::cpu>>;
+  using Pipe = tg::dist::PipelineStep<P, C, tg::cpu, tg::amp::default_scaler_t<P>, tg::dist::TensorParallelGPT<tg::cpu>>;
   std::unique_ptr<Pipe> pipe;
   std::unique_ptr<tg::dist::GridSync<tg::cpu>> sync;
-  std::unique_ptr<tg::train::TrainStep<P>> step;
+  std::unique_ptr<tg::train::TrainStep<P, C>> step;
   if (o.pp > 1) {
     pipe = std::make_unique<Pipe>(model, *opt, schedule, step_options, o.grad_accum, tg::amp::default_scaler_t<P>{}, grid.dp.get(), &world);
   } else {
@@ -110,7 +111,7 @@ int train_parallel(Options o) {
         model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20))});
     if (resume) sync->data_parallel().shard_loaded_state(*opt);  // ZeRO: each replica keeps its shard of the loaded state
     step_options.sync = sync.get();
-    step = std::make_unique<tg::train::TrainStep<P>>(params, *opt, schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
+    step = std::make_unique<tg::train::TrainStep<P, C>>(params, *opt, schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
     step->restore_steps(schedule.step());
   }
   if (root) {
@@ -126,7 +127,8 @@ int train_parallel(Options o) {
     for (const auto& p : params) mine += p.tensor.numel();
     std::printf("rank 0 (stage 0, tensor rank 0): blocks %lld-%lld, %.3fM parameters, %s of fp32 weights\n", (long long)model.first_block(),
                 (long long)model.last_block() - 1, static_cast<double>(mine) / 1e6, tg::train::human_bytes(mine * 4).c_str());
-    std::printf("precision %s | optimizer %s, lr %.2g, %s schedule\n", o.precision.c_str(), o.optimizer.c_str(), o.lr, o.schedule.c_str());
+    std::printf("precision %s | optimizer %s, lr %.2g, %s schedule | activation checkpointing: %s\n", o.precision.c_str(), o.optimizer.c_str(),
+                o.lr, o.schedule.c_str(), C::name);
     std::fflush(stdout);
   }
   const std::vector<std::int32_t> token_bytes = data.tok.token_byte_lengths();

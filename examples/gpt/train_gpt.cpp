@@ -126,7 +126,10 @@ int main(int argc, char** argv) {
     if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
       std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
-    if (grid) return tg::amp::with_precision(o.precision, [&]<class P>() { return train_gpt::train_parallel<P>(o); });
+    if (grid)
+      return tg::amp::with_precision(o.precision, [&]<class P>() {
+        return tg::with_checkpointing(o.checkpoint, [&]<class C>() { return train_gpt::train_parallel<P, C>(o); });
+      });
     // The run-time choices become types here, once: precision policy, checkpointing, device.
     return tg::amp::with_precision(o.precision, [&]<class P>() {
       return tg::with_checkpointing(o.checkpoint, [&]<class C>() {

@@ -81,7 +81,7 @@ GridRun one_process(std::int64_t dp, std::int64_t micro, int steps, std::int64_t
 
 /// `steps` steps on the grid tp x pp (dp: the rest), from the seed or, with `from`, from a one-process run's
 /// parameters and optimizer state (its next batch: `first_batch`).
-template <class Policy>
+template <class Policy, class Ckpt = tg::NoCheckpoint>
 GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr,
             tg::dist::Sharding sharding = tg::dist::Sharding::none) {
   tg::dist::ProcessGrid grid(W(), tp, pp);
@@ -98,13 +98,13 @@ GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t firs
   auto next = [&] { return rows_of(k++, global, first, kRows); };
   std::optional<tg::dist::GridSync<tg::cpu>> sync;
   if (pp > 1) {
-    tg::dist::PipelineStep<Policy, tg::NoCheckpoint, tg::cpu, tg::amp::default_scaler_t<Policy>, tg::dist::TensorParallelGPT<>> step(
+    tg::dist::PipelineStep<Policy, Ckpt, tg::cpu, tg::amp::default_scaler_t<Policy>, tg::dist::TensorParallelGPT<>> step(
         model, opt, sched, {.clip = 0.5}, micro, {}, grid.dp.get(), grid.world);
     for (int i = 0; i < steps; ++i) out.losses.push_back(step.run(next, drop).loss);
   } else {
     sync.emplace(model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = 8 << 10});
     if (from) sync->data_parallel().shard_loaded_state(opt);
-    tg::train::TrainStep<Policy> step(ps, opt, sched, {.clip = 0.5, .sync = &*sync}, tg::optim::GradAccumRuntime(micro));
+    tg::train::TrainStep<Policy, Ckpt> step(ps, opt, sched, {.clip = 0.5, .sync = &*sync}, tg::optim::GradAccumRuntime(micro));
     for (int i = 0; i < steps; ++i)
       out.losses.push_back(step.run(model, next, drop, [&](const auto& logits, const Batch& b) { return model.loss(logits, b.targets); }).loss);
   }
@@ -178,6 +178,17 @@ TEST(ProcessGrid, ZeroOverTensorParallelReplicas) {
     const GridRun ref = one_process<tg::amp::fp32_policy>(dp, 2, 6);
     expect_close(got, ref, 1e-4, what);
     if (W().rank() == 0) EXPECT_EQ(got.state.size(), ref.state.size()) << what << ": the consolidated state lacks entries";
+  }
+}
+
+TEST(ProcessGrid, RecomputedBlocksOnTheLargestGrid) {
+  const auto [tp, pp] = largest_grid();
+  const int dp = W().size() / (tp * pp);
+  for (const bool pipeline : {true, false}) {  // through PipelineStep, and (tensor parallelism alone) TrainStep
+    const int p = pipeline ? pp : 1, t = pipeline ? tp : W().size() % 2 == 0 ? 2 : 1, d = W().size() / (t * p);
+    (void)dp;
+    expect_close(on_grid<tg::amp::fp32_policy, tg::RecomputeAll>(t, p, 2, 4), one_process<tg::amp::fp32_policy>(d, 2, 4), 1e-4,
+                 "blocks recomputed, pp " + std::to_string(p) + " x tp " + std::to_string(t));
   }
 }
 

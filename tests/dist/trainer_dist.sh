@@ -64,6 +64,9 @@ run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --save-dir gck --save-every 5 -
 grep -q "grid: dp 1 x pp 2 x tp 2 = 4 ranks (mpi)" grid.out
 grep -q "pipeline bubble: (p-1)/(m+p-1) = 0.333" grid.out
 same_losses grid.jsonl g_one.jsonl 1 1e-6
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --checkpoint blocks --log grid_ckpt.jsonl > grid_ckpt.out
+grep -q "activation checkpointing: blocks" grid_ckpt.out
+same_losses grid_ckpt.jsonl g_one.jsonl 1 1e-6
 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume gck/ckpt-00000005.safetensors --log g_alone.jsonl > g_alone.out
 run -np 2 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --dist ddp --resume gck/ckpt-00000005.safetensors --log g_dp.jsonl > g_dp.out
 run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --tp 2 --resume gck/ckpt-00000005.safetensors --log g_tp.jsonl > g_tp.out

@@ -234,6 +234,8 @@ class TensorParallelGPT {
  public:
   /// The whole model split over the tensor-parallel group `tp`.
   TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp) : TensorParallelGPT(full, tp, nullptr, nullptr) {}
+  TensorParallelGPT(const TensorParallelGPT&) = delete;
+  TensorParallelGPT& operator=(const TensorParallelGPT&) = delete;
   /// This rank's stage of a process grid (Note [process grid]): its pipeline stage's blocks (Note [pipeline
   /// parallelism]), split over its tensor-parallel group; used by PipelineStep.
   TensorParallelGPT(const nn::BasicGPT<cpu>& full, const ProcessGrid& grid)
@@ -260,8 +262,8 @@ class TensorParallelGPT {
   }
   const std::vector<ShardedParam<D>>& sharded_parameters() const { return params_; }
 
-  /// This rank's logits (B,T,vocab_end - vocab_begin) in T (a model without a pipeline). Blocks under
-  /// NoCheckpoint only for now.
+  /// This rank's logits (B,T,vocab_end - vocab_begin) in T (a model without a pipeline), the blocks under the
+  /// checkpointing policy Ckpt.
   template <FloatingElement T, ActivationCheckpointing Ckpt = NoCheckpoint>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx, Generator& dropout_gen, bool training = true) const {
     TG_CHECK(pp_->size() == 1, "TensorParallelGPT::forward: a pipeline stage runs through PipelineStep");
@@ -290,27 +292,31 @@ class TensorParallelGPT {
     return dropout(x, config_.dropout, dropout_gen, training);
   }
 
-  /// This rank's blocks on x (B,T,C) (Note [tensor parallelism]).
+  /// This rank's blocks on x (B,T,C) (Note [tensor parallelism]), each under the checkpointing policy Ckpt (its
+  /// recompute repeats the block's all-reduces, in the same order on every rank).
   template <FloatingElement T, ActivationCheckpointing Ckpt = NoCheckpoint>
   Tensor<T, D> blocks(Tensor<T, D> x, Generator& dropout_gen, bool training) const {
-    static_assert(std::is_same_v<Ckpt, NoCheckpoint>, "TensorParallelGPT: activation checkpointing is not supported yet");
+    for (const Block& b : blocks_) x = checkpointed<Ckpt>(b, x, dropout_gen, training);
+    return x;
+  }
+
+  /// Block l (pre-LN, attention then MLP, dropout on both branches) on x (B,T,C).
+  template <FloatingElement T>
+  Tensor<T, D> block_forward(std::int64_t l, Tensor<T, D> x, Generator& dropout_gen, bool training) const {
     const std::int64_t B = x.size(0), T_ = x.size(1), C = config_.n_embd, n = tp_->size();
     const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head;
     Communicator& g = *tp_;
-    for (std::int64_t l = first_; l < last_; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g, &bytes_);
-      const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
-      auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
-      const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
-      const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), w<T>(h + "attn.c_proj.bias"));
-      x = add(x, dropout(o, config_.dropout, dropout_gen, training));
-      const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g, &bytes_);
-      const Tensor<T, D> f = linear_gelu_tanh(m, w<T>(h + "mlp.c_fc.weight"), w<T>(h + "mlp.c_fc.bias"));  // (B,T,4C/n)
-      const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g, &bytes_), w<T>(h + "mlp.c_proj.bias"));
-      x = add(x, dropout(o2, config_.dropout, dropout_gen, training));
-    }
-    return x;
+    const std::string h = "h." + std::to_string(l) + ".";
+    const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g, &bytes_);
+    const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
+    auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
+    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
+    const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), w<T>(h + "attn.c_proj.bias"));
+    x = add(x, dropout(o, config_.dropout, dropout_gen, training));
+    const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g, &bytes_);
+    const Tensor<T, D> f = linear_gelu_tanh(m, w<T>(h + "mlp.c_fc.weight"), w<T>(h + "mlp.c_fc.bias"));  // (B,T,4C/n)
+    const Tensor<T, D> o2 = add(reduce_from_group(linear(f, w<T>(h + "mlp.c_proj.weight")), g, &bytes_), w<T>(h + "mlp.c_proj.bias"));
+    return add(x, dropout(o2, config_.dropout, dropout_gen, training));
   }
 
   /// The last stage's output: this rank's logits (B,T,vocab_end - vocab_begin).
@@ -401,7 +407,17 @@ class TensorParallelGPT {
       params_.push_back({prm.name, leaf, split, host.shape()});
     }
     std::tie(v0_, v1_) = detail::range_of(config_.vocab_size, r, n);
+    for (std::int64_t l = first_; l < last_; ++l) blocks_.push_back({this, l});
   }
+  // One block as a module for checkpoint regions (which hold it by pointer: kept in blocks_, alive as the model).
+  struct Block {
+    const TensorParallelGPT* model;
+    std::int64_t index;
+    template <FloatingElement T>
+    Tensor<T, D> forward(const Tensor<T, D>& x, Generator& gen, bool training) const {
+      return model->template block_forward<T>(index, x, gen, training);
+    }
+  };
   bool on_this_stage(const std::string& name) const {
     if (name == "wte.weight") return is_first() || is_last();
     if (name.starts_with("wpe.")) return is_first();
@@ -447,6 +463,7 @@ class TensorParallelGPT {
   Communicator* model_ = nullptr;
   std::unique_ptr<Communicator> own_pp_;  // a single stage when no pipeline is given
   std::int64_t first_ = 0, last_ = 0;
+  std::vector<Block> blocks_;  // first_ .. last_ - 1 (point at this model: not copyable or movable)
   std::vector<ShardedParam<D>> params_;
   std::int64_t v0_ = 0, v1_ = 0;
   mutable std::int64_t bytes_ = 0;  // Note [tensor parallelism]: the all-reduced bytes, counted by the ops
