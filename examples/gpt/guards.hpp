@@ -175,8 +175,6 @@ void validate_options(const Options& o) {
     if (heads % o.tp != 0) throw tg::Error("--tp ", o.tp, ": the model's ", heads, " attention heads do not split over ", o.tp, " ranks");
     if (o.pp > layers) throw tg::Error("--pp ", o.pp, ": more pipeline stages than the model's ", layers, " blocks");
     if (o.device != "cpu") throw tg::Error("--tp/--pp train on the CPU only so far (the vocabulary-parallel cross-entropy computes on the host)");
-    if ((o.dist == "zero1" || o.dist == "zero2") && o.pp > 1)
-      throw tg::Error("--pp: the pipeline's replicas average their gradients (ddp); --dist ", o.dist, " is combined with --tp only so far");
     if (!o.prune.empty() || !o.distill_from.empty() || o.offload || o.eval_only)
       throw tg::Error("--tp/--pp: --prune, --distill-from, --offload and --eval-only are not combined with the grid run yet");
     if (!o.init_from.empty()) throw tg::Error("--tp/--pp: start from a checkpoint with --resume (--init-from is not combined yet)");

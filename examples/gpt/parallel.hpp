@@ -22,8 +22,8 @@ namespace train_gpt {
 // Note [model parallelism in the trainer]
 // --tp N --pp M arrange the world as dp x pp x tp (Note [process grid]; dp = world / (N·M)): each replica's
 // model is split into M pipeline stages (Note [pipeline parallelism]) of N tensor-parallel ranks (Note
-// [tensor parallelism]), and the replicas average their gradients (DDP; with --tp alone also --dist zero1 or
-// zero2 over the replicas of each slice, not yet with --pp). --batch is per replica, --grad-accum gives the micro-batches (with a
+// [tensor parallelism]), and the replicas average their gradients (DDP, or --dist zero1|zero2 over the
+// replicas of each slice; with a pipeline the reduction runs after the schedule, not overlapped). --batch is per replica, --grad-accum gives the micro-batches (with a
 // pipeline, the 1F1B schedule runs them through the stages). The full model is drawn from the seed on every
 // rank and sliced, so a grid starts from the one-process run's weights. Checkpoints are gathered into the
 // one-process layout (Note [checkpoints of a process grid]) and written by rank 0; --resume loads any run's
@@ -101,14 +101,16 @@ int train_parallel(Options o) {
   std::unique_ptr<Pipe> pipe;
   std::unique_ptr<tg::dist::GridSync<tg::cpu>> sync;
   std::unique_ptr<tg::train::TrainStep<P, C>> step;
+  const tg::dist::DataParallelOptions replicas{.sharding = o.dist == "zero2"   ? tg::dist::Sharding::gradients
+                                                         : o.dist == "zero1" ? tg::dist::Sharding::optimizer
+                                                                             : tg::dist::Sharding::none,
+                                                .bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20))};
   if (o.pp > 1) {
-    pipe = std::make_unique<Pipe>(model, *opt, schedule, step_options, o.grad_accum, tg::amp::default_scaler_t<P>{}, grid.dp.get(), &world);
+    pipe = std::make_unique<Pipe>(model, *opt, schedule, step_options, o.grad_accum, tg::amp::default_scaler_t<P>{}, grid.dp.get(), &world,
+                                  replicas);
+    if (resume && pipe->data_parallel()) pipe->data_parallel()->shard_loaded_state(*opt);  // ZeRO: each replica keeps its shard
   } else {
-    const tg::dist::Sharding sharding = o.dist == "zero2"   ? tg::dist::Sharding::gradients
-                                        : o.dist == "zero1" ? tg::dist::Sharding::optimizer
-                                                            : tg::dist::Sharding::none;
-    sync = std::make_unique<tg::dist::GridSync<tg::cpu>>(
-        model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20))});
+    sync = std::make_unique<tg::dist::GridSync<tg::cpu>>(model, grid, replicas);
     if (resume) sync->data_parallel().shard_loaded_state(*opt);  // ZeRO: each replica keeps its shard of the loaded state
     step_options.sync = sync.get();
     step = std::make_unique<tg::train::TrainStep<P, C>>(params, *opt, schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
@@ -135,7 +137,8 @@ int train_parallel(Options o) {
   // The replica's state in the one-process layout, on rank 0 (ZeRO: consolidated over the replicas first).
   auto gather = [&] {
     std::optional<tg::dist::ConsolidatedState> consolidated;
-    if (sync) consolidated.emplace(*opt, sync->data_parallel().gather_optimizer_state(*opt));
+    tg::dist::DataParallel<tg::cpu>* dp = sync ? &sync->data_parallel() : pipe ? pipe->data_parallel() : nullptr;
+    if (dp) consolidated.emplace(*opt, dp->gather_optimizer_state(*opt));
     const tg::optim::AnyOptimizer& state = consolidated ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated) : *opt;
     return tg::dist::gather_one_process_state(model, state);
   };

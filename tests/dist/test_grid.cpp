@@ -97,10 +97,14 @@ GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t firs
   std::int64_t k = first_batch;
   auto next = [&] { return rows_of(k++, global, first, kRows); };
   std::optional<tg::dist::GridSync<tg::cpu>> sync;
+  std::optional<tg::dist::ConsolidatedState> consolidated_state;  // under ZeRO: each replica's shards joined
   if (pp > 1) {
     tg::dist::PipelineStep<Policy, Ckpt, tg::cpu, tg::amp::default_scaler_t<Policy>, tg::dist::TensorParallelGPT<>> step(
-        model, opt, sched, {.clip = 0.5}, micro, {}, grid.dp.get(), grid.world);
+        model, opt, sched, {.clip = 0.5}, micro, {}, grid.dp.get(), grid.world,
+        tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = 8 << 10});
+    if (from && step.data_parallel()) step.data_parallel()->shard_loaded_state(opt);
     for (int i = 0; i < steps; ++i) out.losses.push_back(step.run(next, drop).loss);
+    if (step.data_parallel()) consolidated_state.emplace(opt, step.data_parallel()->gather_optimizer_state(opt));
   } else {
     sync.emplace(model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = 8 << 10});
     if (from) sync->data_parallel().shard_loaded_state(opt);
@@ -110,9 +114,8 @@ GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t firs
   }
   for (const auto& e : model.gather_full()) out.weights[e.name] = e.tensor.to_vector();
   // Under ZeRO each replica holds a shard of the optimizer state: consolidated over the data-parallel group first.
-  std::optional<tg::dist::ConsolidatedState> consolidated;
-  if (sync) consolidated.emplace(opt, sync->data_parallel().gather_optimizer_state(opt));
-  const tg::optim::AnyOptimizer& state = consolidated ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated) : opt;
+  if (sync) consolidated_state.emplace(opt, sync->data_parallel().gather_optimizer_state(opt));
+  const tg::optim::AnyOptimizer& state = consolidated_state ? static_cast<const tg::optim::AnyOptimizer&>(*consolidated_state) : opt;
   auto gathered = tg::dist::gather_one_process_state(model, state);
   out.params = std::move(gathered.params);
   out.state = std::move(gathered.state);
@@ -168,17 +171,21 @@ TEST(ProcessGrid, EveryFactorizationEqualsOneProcess) {
     }
 }
 
-TEST(ProcessGrid, ZeroOverTensorParallelReplicas) {
+TEST(ProcessGrid, ZeroOverTensorParallelAndPipelineReplicas) {
   const int n = W().size();
-  if (n == 1 || n == 3) GTEST_SKIP() << "needs an even world: replicas of a tensor-parallel model, or of a whole one";
-  const int tp = n >= 4 ? 2 : 1, dp = n / tp;
-  for (const auto sharding : {tg::dist::Sharding::optimizer, tg::dist::Sharding::gradients}) {
-    const std::string what = std::string(tg::dist::sharding_name(sharding)) + ", dp " + std::to_string(dp) + " x tp " + std::to_string(tp);
-    const GridRun got = on_grid<tg::amp::fp32_policy>(tp, 1, 2, 6, 0, nullptr, sharding);
-    const GridRun ref = one_process<tg::amp::fp32_policy>(dp, 2, 6);
-    expect_close(got, ref, 1e-4, what);
-    if (W().rank() == 0) EXPECT_EQ(got.state.size(), ref.state.size()) << what << ": the consolidated state lacks entries";
-  }
+  if (n == 1 || n == 3) GTEST_SKIP() << "needs an even world: replicas of a split model, or of a whole one";
+  const int split = n >= 4 ? 2 : 1, dp = n / split;
+  for (const bool pipeline : {false, true})  // the split is tensor parallel, then a pipeline
+    for (const auto sharding : {tg::dist::Sharding::none, tg::dist::Sharding::optimizer, tg::dist::Sharding::gradients}) {
+      const int tp = pipeline ? 1 : split, pp = pipeline ? split : 1;
+      if (pipeline && pp == 1) continue;  // a 1-stage pipeline is the tensor-parallel case
+      const std::string what = std::string(tg::dist::sharding_name(sharding)) + ", dp " + std::to_string(dp) + " x pp " + std::to_string(pp) +
+                               " x tp " + std::to_string(tp);
+      const GridRun got = on_grid<tg::amp::fp32_policy>(tp, pp, 2, 6, 0, nullptr, sharding);
+      const GridRun ref = one_process<tg::amp::fp32_policy>(dp, 2, 6);
+      expect_close(got, ref, 1e-4, what);
+      if (W().rank() == 0) EXPECT_EQ(got.state.size(), ref.state.size()) << what << ": the consolidated state lacks entries";
+    }
 }
 
 TEST(ProcessGrid, RecomputedBlocksOnTheLargestGrid) {

@@ -84,6 +84,9 @@ grep -q "grid: dp 2 x pp 1 x tp 2 = 4 ranks (mpi).*replicas: zero1" g_zero.out
 same_losses g_zero.jsonl g_one.jsonl 1 1e-6
 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume zck/ckpt-00000005.safetensors --log g_zalone.jsonl > g_zalone.out
 same_losses g_zalone.jsonl g_one.jsonl 6 1e-6
+# ZeRO-2 over the replicas of a pipeline (dp 2 x pp 2).
+run -np 4 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --pp 2 --dist zero2 --log g_zpp.jsonl > g_zpp.out
+same_losses g_zpp.jsonl g_one.jsonl 1 1e-6
 for bad in "--tp 3" "--pp 5"; do
   if "$T" "${C[@]}" --steps 4 $bad > bad.out 2>&1; then echo "FAIL: train_gpt $bad trained"; exit 1; fi
   grep -q "do not split over 3 ranks\|more pipeline stages than the model's 4 blocks" bad.out || { cat bad.out; exit 1; }

@@ -16,6 +16,7 @@
 #include "typegrad/amp/mixed_precision.hpp"
 #include "typegrad/autodiff/checkpoint.hpp"
 #include "typegrad/dist/comm.hpp"
+#include "typegrad/dist/data_parallel.hpp"
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/cross_entropy.hpp"
@@ -149,14 +150,20 @@ class PipelineStep {
   using compute_type = typename precision_type::compute_type;
 
   /// `stage`: this rank's stage (PipelineGPT, or a tensor-parallel TensorParallelGPT stage of a process grid).
-  /// `dp`: the data-parallel group of this stage's replicas (their gradients are averaged after the schedule),
-  /// or nullptr. `world`: every rank of the run (the boundary's flags are summed over it), or nullptr: the
-  /// stage's model group.
+  /// `dp`: the data-parallel group of this stage's replicas, or nullptr: their gradients are reduced after the
+  /// schedule by a DataParallel (`sharding`: DDP, ZeRO-1 or ZeRO-2; in buckets, not overlapped with the
+  /// schedule's backward). `world`: every rank of the run (the boundary's flags are summed over it), or
+  /// nullptr: the stage's model group.
   PipelineStep(const Stage& stage, optim::BasicOptimizer<D>& opt, optim::Schedule& schedule, train::StepOptions options,
-               std::int64_t micro_batches, Scaler scaler = Scaler{}, Communicator* dp = nullptr, Communicator* world = nullptr)
+               std::int64_t micro_batches, Scaler scaler = Scaler{}, Communicator* dp = nullptr, Communicator* world = nullptr,
+               DataParallelOptions dp_options = {})
       : stage_(&stage), params_(stage.named_parameters()), precision_(params_, opt, std::move(scaler)),
         accum_(micro_batches), schedule_(&schedule), options_(std::move(options)), opt_(&opt),
-        cross_(stage, world ? *world : stage.model_group()), dp_(dp) {
+        cross_(stage, world ? *world : stage.model_group(), dp && dp->size() > 1 && dp_options.sharding != Sharding::none), dp_(dp) {
+    if (dp_ && dp_->size() > 1) {
+      dp_options.overlap = false;  // a bucket is complete only after every micro-batch's backward
+      replicas_ = std::make_unique<DataParallel<D>>(*dp_, params_, dp_options);
+    }
     accum_.on_non_finite(options_.on_non_finite);
     accum_.cross_rank(&cross_);
     Communicator& pp = stage.pipeline();
@@ -179,6 +186,7 @@ class PipelineStep {
     r.lr = schedule_->lr();
     stats_ = {};
     if constexpr (P::uses_weight_copies) precision_.weights.check_fresh();
+    if (replicas_) replicas_->before_backward(0, 1);  // the buckets become the gradients' storage (DDP, ZeRO-1)
     std::vector<decltype(next_batch())> batches;
     for (std::int64_t i = 0; i < m; ++i) batches.push_back(next_batch());
     const std::int64_t B = batches[0].inputs.size(0), T_ = batches[0].inputs.size(1), C = st.config().n_embd;
@@ -302,13 +310,14 @@ class PipelineStep {
       TG_CHECK(g.defined(), "PipelineStep: the tied embedding has no gradient on stage ", s);
       tied_->all_reduce(g, ReduceOp::sum);
     }
-    if (dp_ && dp_->size() > 1)  // the replicas' gradients averaged (after the schedule: no overlap yet)
-      for (const auto& prm : params_)
-        if (const Tensor<fp32, D> g = prm.tensor.grad(); g.defined()) dp_->all_reduce(g, ReduceOp::avg);
+    if (replicas_) replicas_->after_backward(0, 1);  // the replicas' gradients averaged (ZeRO: each keeps its shard)
     if (options_.before_update) options_.before_update();
     for (std::int64_t i = 0; i < m; ++i)
       if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
-        if (!accum_.last_step_skipped() && options_.after_update) options_.after_update();
+        if (!accum_.last_step_skipped()) {
+          if (replicas_) replicas_->after_update();  // ZeRO: the owners' weights gathered
+          if (options_.after_update) options_.after_update();
+        }
         precision_.after_step(accum_);
       }
     double mean = st.is_last() ? loss_sum / static_cast<double>(m) : 0.0;
@@ -321,6 +330,8 @@ class PipelineStep {
   }
 
   std::int64_t micro_batches() const { return accum_.n(); }
+  /// The replicas' reduction (nullptr without data-parallel replicas): its state consolidation for checkpoints.
+  DataParallel<D>* data_parallel() { return replicas_.get(); }
   const PipelineStats& stats() const { return stats_; }
   std::int64_t steps_taken() const { return accum_.steps(); }
   /// (p-1)/(m+p-1): the idle fraction of 1F1B with equal stages.
@@ -334,16 +345,17 @@ class PipelineStep {
   // copy is not counted again.
   class Cross final : public optim::CrossRank {
    public:
-    Cross(const Stage& st, Communicator& everyone) : st_(&st), everyone_(&everyone) {}
+    Cross(const Stage& st, Communicator& everyone, bool zero) : st_(&st), everyone_(&everyone), zero_(zero) {}
     void sum(std::span<double> v) const override { everyone_->all_reduce(v, ReduceOp::sum); }
-    void sum_norms(std::span<double> v) const override { st_->model_group().all_reduce(v, ReduceOp::sum); }
-    bool sharded_grads() const override { return st_->model_group().size() > 1; }
+    void sum_norms(std::span<double> v) const override { (zero_ ? *everyone_ : st_->model_group()).all_reduce(v, ReduceOp::sum); }
+    bool sharded_grads() const override { return st_->model_group().size() > 1 || zero_; }
     int ranks() const override { return everyone_->size(); }
     bool counts_in_norm(const std::string& name) const override { return st_->counts_in_norm(name); }
 
    private:
     const Stage* st_;
     Communicator* everyone_;
+    bool zero_;  // ZeRO over the replicas: each holds a shard of the gradients, norms summed over everyone
   };
 
   const Stage* stage_;
@@ -355,6 +367,7 @@ class PipelineStep {
   optim::BasicOptimizer<D>* opt_;
   Cross cross_;
   Communicator* dp_;
+  std::unique_ptr<DataParallel<D>> replicas_;
   std::unique_ptr<Communicator> tied_;
   PipelineStats stats_;
 };
