@@ -169,6 +169,10 @@ void validate_options(const Options& o) {
   }
   positive("--tp", o.tp, 4096);
   positive("--pp", o.pp, 4096);
+  if (o.sequence_parallel && (!o.grid || o.tp < 2))
+    throw tg::Error("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more");
+  if (o.sequence_parallel && o.seq % o.tp != 0)
+    throw tg::Error("--sequence-parallel: --seq ", o.seq, " is not a multiple of --tp ", o.tp, " (each tensor-parallel rank takes seq / tp positions)");
   if (o.grid) {  // Note [model parallelism in the trainer]: what the grid run does not combine with yet
     const auto preset = tg::nn::GPTConfig::preset(o.model);
     const std::int64_t heads = o.heads > 0 ? o.heads : preset.n_head, layers = o.layers > 0 ? o.layers : preset.n_layer;

@@ -91,6 +91,7 @@ struct Options {
   int world = 1, rank = 0;           // filled by main from the MPI world
   std::int64_t tp = 1, pp = 1;       // tensor- and pipeline-parallel sizes (Note [model parallelism in the trainer])
   bool grid = false;                 // --tp or --pp was given: the process-grid run (even 1 x 1)
+  bool sequence_parallel = false;    // --tp's LayerNorm/dropout regions split along the sequence (Note [sequence parallelism])
   bool offload = false;              // the optimizer's state and update on the host (Note [optimizer offload])
   /// Sequences per optimizer micro-step over every rank (--batch is per data-parallel replica).
   std::int64_t global_batch() const { return batch * (world / std::max<std::int64_t>(1, tp * pp)); }
@@ -121,6 +122,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--dist-overlap", o.dist_overlap, "--dist: start each bucket's reduction during backward (0: after it)");
   app.add_option("--dist-timeout", o.dist_timeout, "--dist: seconds a rank waits for the others before it ends the run");
   CLI::Option* tp_flag = app.add_option("--tp", o.tp, "tensor-parallel ranks per model (heads, MLP and vocabulary split; CPU)");
+  app.add_flag("--sequence-parallel", o.sequence_parallel, "with --tp: split the LayerNorm, dropout and residual regions along the "
+                                                           "sequence (their activations divided by --tp; --seq a multiple of --tp)");
   CLI::Option* pp_flag = app.add_option("--pp", o.pp, "pipeline stages per model (the blocks split; --grad-accum micro-batches on the 1F1B schedule)");
   app.add_flag("--offload", o.offload, "keep the optimizer's state and update on the host, run by the CPU's kernels (a GPU keeps the "
                                        "weights and gradients: larger models fit; on the CPU it changes nothing but the path)");

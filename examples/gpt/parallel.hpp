@@ -66,7 +66,12 @@ int train_parallel(Options o) {
     TG_CHECK(all[r] == all[0], "--tp/--pp: rank ", r, " was started with other settings than rank 0; start every rank with the same flags");
   tg::Generator init_gen{o.seed}, dropout_gen{o.seed + 1}, sample_gen{o.seed + 2};
   const tg::nn::GPT full(config, init_gen);
-  tg::dist::TensorParallelGPT<tg::cpu> model(full, grid);
+  const std::string layout = "--tp " + std::to_string(o.tp) + " --pp " + std::to_string(o.pp) + (o.sequence_parallel ? " --sequence-parallel" : "");
+  const auto layouts = world.all_gather_strings(layout);
+  for (std::size_t r = 1; r < layouts.size(); ++r)
+    TG_CHECK(layouts[r] == layouts[0], "--tp/--pp: rank ", r, " was started with '", layouts[r], "', rank 0 with '", layouts[0],
+             "'; start every rank with the same flags");
+  tg::dist::TensorParallelGPT<tg::cpu> model(full, grid, {.sequence_parallel = o.sequence_parallel});
   const auto params = model.named_parameters();
   auto opt = make_optimizer<tg::cpu>(o, params);
   tg::optim::Schedule schedule = make_schedule(o, o.steps);
@@ -129,8 +134,8 @@ int train_parallel(Options o) {
     for (const auto& p : params) mine += p.tensor.numel();
     std::printf("rank 0 (stage 0, tensor rank 0): blocks %lld-%lld, %.3fM parameters, %s of fp32 weights\n", (long long)model.first_block(),
                 (long long)model.last_block() - 1, static_cast<double>(mine) / 1e6, tg::train::human_bytes(mine * 4).c_str());
-    std::printf("precision %s | optimizer %s, lr %.2g, %s schedule | activation checkpointing: %s\n", o.precision.c_str(), o.optimizer.c_str(),
-                o.lr, o.schedule.c_str(), C::name);
+    std::printf("precision %s | optimizer %s, lr %.2g, %s schedule | activation checkpointing: %s%s\n", o.precision.c_str(), o.optimizer.c_str(),
+                o.lr, o.schedule.c_str(), C::name, o.sequence_parallel ? " | sequence parallelism" : "");
     std::fflush(stdout);
   }
   const std::vector<std::int32_t> token_bytes = data.tok.token_byte_lengths();
@@ -218,15 +223,25 @@ int train_parallel(Options o) {
     std::printf("\nsummary\n  steps             %lld\n  speed             %.1f ms/step, %.0f tokens/s\n  memory            peak %s (rank 0)\n",
                 (long long)o.steps, clock.ms_per_step(), clock.tokens_per_second(), tg::train::human_bytes(mem.peak_bytes).c_str());
     // Rank 0's figures against Note [tensor parallelism] / Note [pipeline parallelism]: per micro-batch, 4
-    // all-reduces of (B,T,C) per block and 1 for the embedding (stage 0), 1 for the head (last stage); the
-    // stage sends m activations forward (unless last) and m gradients backward (unless first).
+    // all-reduces of (B,T,C) per block and 1 for the embedding (stage 0), 1 for the head (last stage), each
+    // sending 2(n-1)/n of its bytes from a rank (the ring); under sequence parallelism as many all-gathers and
+    // reduce-scatters, (n-1)/n each, twice as many, plus the all-reduce of the replicated parameters' fp32
+    // gradients (6C per block, T·C of wpe on stage 0, 2C of ln_f on the last stage); the stage sends m
+    // activations forward (unless last) and m gradients backward (unless first), (B,T/n,C) under sequence
+    // parallelism.
     const double steps_run = static_cast<double>(std::max<std::int64_t>(1, clock.steps_run()));
     const double act = static_cast<double>(o.batch * o.seq * config.n_embd * static_cast<std::int64_t>(sizeof(typename tg::amp::MixedPrecision<P>::compute_type)));
     const double blocks = static_cast<double>(model.last_block() - model.first_block());
     const double micro = static_cast<double>(o.grad_accum);
-    const double tp_formula = o.tp > 1 ? (4 * blocks + (model.is_first() ? 1 : 0) + (model.is_last() ? 1 : 0)) * micro * act : 0;
-    const double pp_formula = o.pp > 1 ? ((model.is_last() ? 0 : 1) + (model.is_first() ? 0 : 1)) * micro * act : 0;
-    std::printf("  model parallel    rank 0: step memory above the state kept between steps %s; tensor-parallel all-reduce %.2f MiB/step "
+    const double ring = static_cast<double>(o.tp - 1) / static_cast<double>(o.tp), width = static_cast<double>(config.n_embd);
+    const double replicated_grads = o.sequence_parallel ? (6 * width * blocks + (model.is_first() ? static_cast<double>(o.seq) * width : 0) +
+                                                           (model.is_last() ? 2 * width : 0)) * 4
+                                                        : 0;
+    const double tp_formula = (4 * blocks + (model.is_first() ? 1 : 0) + (model.is_last() ? 1 : 0)) * micro * act * 2 * ring +
+                              micro * replicated_grads * 2 * ring;
+    const double sent = o.sequence_parallel ? act / static_cast<double>(o.tp) : act;
+    const double pp_formula = o.pp > 1 ? ((model.is_last() ? 0 : 1) + (model.is_first() ? 0 : 1)) * micro * sent : 0;
+    std::printf("  model parallel    rank 0: step memory above the state kept between steps %s; tensor-parallel sends %.2f MiB/step "
                 "(formula %.2f); pipeline sends %.2f MiB/step (formula %.2f)\n",
                 tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
                 static_cast<double>(pp_bytes) / steps_run / (1 << 20), pp_formula / (1 << 20));

@@ -35,7 +35,7 @@ tg::nn::GPTConfig config() {
   return c;
 }
 
-constexpr std::int64_t kRows = 2, kT = 10;
+constexpr std::int64_t kRows = 2, kT = 12;  // a multiple of every tensor-parallel size here (sequence parallelism)
 struct Batch {
   tg::Tensor<std::int64_t> inputs, targets;
 };
@@ -83,11 +83,11 @@ GridRun one_process(std::int64_t dp, std::int64_t micro, int steps, std::int64_t
 /// parameters and optimizer state (its next batch: `first_batch`).
 template <class Policy, class Ckpt = tg::NoCheckpoint>
 GridRun on_grid(int tp, int pp, std::int64_t micro, int steps, std::int64_t first_batch = 0, const GridRun* from = nullptr,
-            tg::dist::Sharding sharding = tg::dist::Sharding::none) {
+            tg::dist::Sharding sharding = tg::dist::Sharding::none, bool sequence_parallel = false) {
   tg::dist::ProcessGrid grid(W(), tp, pp);
   tg::Generator init(from ? 77 : 8), drop(9);  // resumed: another seed, so the loaded weights must count
   const tg::nn::GPT full(config(), init);
-  tg::dist::TensorParallelGPT<> model(full, grid);
+  tg::dist::TensorParallelGPT<> model(full, grid, {.sequence_parallel = sequence_parallel});
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
   if (from) tg::dist::load_one_process_state(model, opt, from->params, from->state);
@@ -168,6 +168,27 @@ TEST(ProcessGrid, EveryFactorizationEqualsOneProcess) {
         // evenly over every tensor from the third step on (the first two steps' losses are bit-equal).
         expect_close(on_grid<tg::amp::fp32_policy>(tp, pp, m, 6), one_process<tg::amp::fp32_policy>(dp, m, 6), 1e-4, what);
       }
+    }
+}
+
+TEST(ProcessGrid, SequenceParallelOnEveryGrid) {
+  // Note [sequence parallelism] on every grid with tensor parallelism, through TrainStep and PipelineStep,
+  // under DDP and ZeRO-2 over the replicas where there are any, and with the blocks recomputed.
+  const int n = W().size();
+  if (n == 1) GTEST_SKIP() << "one rank: no tensor-parallel group";
+  for (int tp = 2; tp <= n; ++tp)
+    for (int pp = 1; pp * tp <= n; ++pp) {
+      if (n % (tp * pp) != 0 || kT % tp != 0 || 4 % tp != 0) continue;
+      const int dp = n / (tp * pp);
+      const std::string grid = "dp " + std::to_string(dp) + " x pp " + std::to_string(pp) + " x tp " + std::to_string(tp);
+      const GridRun ref = one_process<tg::amp::fp32_policy>(dp, 2, 6);
+      expect_close(on_grid<tg::amp::fp32_policy>(tp, pp, 2, 6, 0, nullptr, tg::dist::Sharding::none, true), ref, 1e-4,
+                   "sequence parallel, " + grid + ", fp32");
+      if (dp > 1)
+        expect_close(on_grid<tg::amp::fp32_policy>(tp, pp, 2, 6, 0, nullptr, tg::dist::Sharding::gradients, true), ref, 1e-4,
+                     "sequence parallel, zero2, " + grid + ", fp32");
+      expect_close(on_grid<tg::amp::fp32_policy, tg::RecomputeAll>(tp, pp, 2, 4, 0, nullptr, tg::dist::Sharding::none, true),
+                   one_process<tg::amp::fp32_policy>(dp, 2, 4), 1e-4, "sequence parallel, blocks recomputed, " + grid);
     }
 }
 

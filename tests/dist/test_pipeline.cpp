@@ -22,14 +22,14 @@ namespace {
 
 tg::dist::Communicator& W() { return tg::dist::world(); }
 
-tg::nn::GPTConfig config() {
+tg::nn::GPTConfig config(float dropout = 0.f) {
   tg::nn::GPTConfig c;
   c.vocab_size = 40;
   c.block_size = 16;
   c.n_layer = 4;
   c.n_head = 2;
   c.n_embd = 32;
-  c.dropout = 0.f;
+  c.dropout = dropout;
   return c;
 }
 
@@ -42,12 +42,13 @@ tg::optim::AdamWOptions adamw() { return {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0
 struct Run {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> weights;
+  std::uint64_t dropout_offset = 0;  // the dropout generator's position after the run
 };
 
 template <class Policy>
-Run one_process(std::int64_t micro, int steps) {
+Run one_process(std::int64_t micro, int steps, float dropout = 0.f) {
   tg::Generator init(3), drop(4);
-  tg::nn::GPT model(config(), init);
+  tg::nn::GPT model(config(dropout), init);
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
   tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
@@ -56,13 +57,14 @@ Run one_process(std::int64_t micro, int steps) {
   std::int64_t k = 0;
   for (int i = 0; i < steps; ++i) out.losses.push_back(step.run(model, [&] { return batch(k++); }, drop).loss);
   for (const auto& p : ps) out.weights[p.name] = p.tensor.to_vector();
+  out.dropout_offset = drop.offset();
   return out;
 }
 
 template <class Policy, class Ckpt = tg::NoCheckpoint>
-Run pipeline(std::int64_t micro, int steps, int* max_alive = nullptr) {
+Run pipeline(std::int64_t micro, int steps, int* max_alive = nullptr, float dropout = 0.f) {
   tg::Generator init(3), drop(4);
-  const tg::nn::GPT full(config(), init);
+  const tg::nn::GPT full(config(dropout), init);
   auto pp = W().split(0, W().rank());
   tg::dist::PipelineGPT<> stage(full, *pp);
   const auto ps = stage.named_parameters();
@@ -76,6 +78,7 @@ Run pipeline(std::int64_t micro, int steps, int* max_alive = nullptr) {
     if (max_alive) *max_alive = std::max(*max_alive, step.stats().max_alive);
   }
   for (const auto& p : ps) out.weights[p.name] = p.tensor.to_vector();
+  out.dropout_offset = drop.offset();
   return out;
 }
 
@@ -117,6 +120,19 @@ TEST(Pipeline, Bf16AndRecomputedBlocks) {
   expect_close(pipeline<tg::amp::bf16_mixed>(4, 8), one_process<tg::amp::bf16_mixed>(4, 8), 1e-2, "bf16 mixed, 4 micro-batches");
   expect_close(pipeline<tg::amp::fp32_policy, tg::RecomputeAll>(3, 6), one_process<tg::amp::fp32_policy>(3, 6), 1e-5,
                "fp32, blocks recomputed, 3 micro-batches");
+}
+
+TEST(Pipeline, DropoutDrawsTheOneProcessMasks) {
+  // Note [pipeline parallelism]: each stage draws micro-batch i's numbers at the one-process run's counters,
+  // whatever the schedule's order, and every stage's generator ends where the one-process run's does.
+  for (std::int64_t m : {2, 3}) {
+    const auto got = pipeline<tg::amp::fp32_policy>(m, 6, nullptr, 0.1f);
+    const auto ref = one_process<tg::amp::fp32_policy>(m, 6, 0.1f);
+    expect_close(got, ref, 1e-5, "fp32, dropout 0.1, " + std::to_string(m) + " micro-batches");
+    EXPECT_EQ(got.dropout_offset, ref.dropout_offset) << "stage " << W().rank();
+  }
+  expect_close(pipeline<tg::amp::fp32_policy, tg::RecomputeAll>(3, 4, nullptr, 0.1f), one_process<tg::amp::fp32_policy>(3, 4, 0.1f), 1e-5,
+               "fp32, dropout 0.1, blocks recomputed, 3 micro-batches");
 }
 
 TEST(Pipeline, TheTiedEmbeddingCopiesStayEqual) {

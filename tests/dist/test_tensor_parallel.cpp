@@ -60,17 +60,17 @@ Run one_process(float dropout, int steps) {
   return out;
 }
 
-template <class Policy>
-Run tensor_parallel(float dropout, int steps) {
+template <class Policy, class Ckpt = tg::NoCheckpoint>
+Run tensor_parallel(float dropout, int steps, tg::dist::TensorParallelOptions options = {}) {
   tg::Generator init(5), drop(9);
   const tg::nn::GPT full(config(dropout), init);
   auto tp = W().split(0, W().rank());
-  tg::dist::TensorParallelGPT<> model(full, *tp);
+  tg::dist::TensorParallelGPT<> model(full, *tp, options);
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
   tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
   tg::dist::TensorParallelSync<tg::cpu> sync(model);
-  tg::train::TrainStep<Policy> step(ps, opt, sched, {.clip = 0.5, .sync = &sync});
+  tg::train::TrainStep<Policy, Ckpt> step(ps, opt, sched, {.clip = 0.5, .sync = &sync});
   Run out;
   std::int64_t k = 0;
   for (int i = 0; i < steps; ++i)
@@ -120,6 +120,71 @@ TEST(TensorParallel, EqualsOneProcessFp32WithDropout) {
 
 TEST(TensorParallel, EqualsOneProcessBf16) {
   expect_close(tensor_parallel<tg::amp::bf16_mixed>(0.f, 10), one_process<tg::amp::bf16_mixed>(0.f, 10), 1e-2, "bf16 mixed");
+}
+
+// Note [sequence parallelism]: the LayerNorm, dropout and residual regions split along the sequence (12
+// positions: 12, 6, 4 or 3 per rank) give the one-process run, dropout included.
+constexpr tg::dist::TensorParallelOptions kSequence{.sequence_parallel = true};
+
+TEST(TensorParallel, SequenceParallelEqualsOneProcessFp32WithDropout) {
+  expect_close(tensor_parallel<tg::amp::fp32_policy>(0.1f, 10, kSequence), one_process<tg::amp::fp32_policy>(0.1f, 10), 1e-5,
+               "sequence parallel, fp32, dropout 0.1");
+}
+
+TEST(TensorParallel, SequenceParallelBf16WithRecomputedBlocks) {
+  expect_close(tensor_parallel<tg::amp::bf16_mixed, tg::RecomputeAll>(0.1f, 10, kSequence), one_process<tg::amp::bf16_mixed>(0.1f, 10),
+               1e-2, "sequence parallel, bf16 mixed, dropout 0.1, blocks recomputed");
+}
+
+TEST(TensorParallel, SequenceGatherAndReduceScatter) {
+  // x (B, T, C) differs on every rank; gather_from_sequence of rank r's rows gives the full tensor, and
+  // reduce_scatter_to_sequence of every rank's x gives rank r's rows of their sum; backward: the conjugates.
+  const int n = W().size(), r = W().rank();
+  const std::int64_t B = 2, T = 3 * n, C = 5, Tl = T / n;
+  auto of_rank = [&](int k) {
+    tg::Generator g(40 + static_cast<std::uint64_t>(k));
+    return F::normal({B, T, C}, 0.f, 1.f, g);
+  };
+  F sum = F::zeros({B, T, C});
+  for (int k = 0; k < n; ++k) sum = tg::add(sum, of_rank(k)).detach();
+  const F mine = of_rank(r);
+  // all-gather forward: the full tensor is rank k's rows from rank k, here of one common tensor
+  F part = sum.narrow(1, r * Tl, Tl).contiguous();
+  part.requires_grad_(true);
+  const F gathered = tg::dist::gather_from_sequence(part, W());
+  EXPECT_EQ(gathered.to_vector(), sum.to_vector());
+  // backward: a reduce-scatter of the upstream gradients (each rank's own)
+  tg::sum(tg::mul(gathered, mine)).backward();
+  const auto dpart = part.grad().to_vector(), dref = sum.narrow(1, r * Tl, Tl).contiguous().to_vector();
+  for (std::size_t i = 0; i < dref.size(); ++i) EXPECT_NEAR(dpart[i], dref[i], 1e-5) << i;
+  // reduce-scatter forward: rank r's rows of the sum over the ranks
+  F x = mine.clone();
+  x.requires_grad_(true);
+  const F scattered = tg::dist::reduce_scatter_to_sequence(x, W());
+  ASSERT_EQ(scattered.shape(), tg::Shape({B, Tl, C}));
+  const auto got = scattered.to_vector(), want = sum.narrow(1, r * Tl, Tl).contiguous().to_vector();
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << i;
+  // backward: an all-gather of every rank's upstream gradient (rank k's: ones times k + 1)
+  tg::mul(tg::sum(scattered), F::full({}, static_cast<float>(r + 1))).backward();
+  const F dx = x.grad();
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < T; ++t) EXPECT_EQ(dx.narrow(0, b, 1).narrow(1, t, 1).to_vector()[0], static_cast<float>(t / Tl + 1)) << b << "," << t;
+}
+
+TEST(TensorParallel, SequenceParallelNeedsAMultipleOfTheGroup) {
+  if (W().size() == 1) GTEST_SKIP() << "one rank: every sequence splits";
+  tg::Generator init(5), drop(9);
+  const tg::nn::GPT full(config(0.f), init);
+  auto tp = W().split(0, W().rank());
+  tg::dist::TensorParallelGPT<> model(full, *tp, kSequence);
+  const auto idx = tg::testing::random_tokens(2, 13, 50, 3);  // 13 positions: prime
+  try {
+    (void)model.forward<float>(idx, drop, true);
+    ADD_FAILURE() << "no error";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence parallelism: a sequence of 13 positions does not split evenly over"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorParallel, SplitsHeadsMlpAndVocabulary) {

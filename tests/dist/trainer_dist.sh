@@ -7,7 +7,8 @@
 #     for steps 7-12;
 #  3. --tp 2 --pp 2 on 4 ranks logs one process's losses; its checkpoint resumes alone, on 2 data-parallel
 #     ranks and on --tp 2 with the same losses; --tp 2 --dist zero1 on 4 ranks too, and its checkpoint resumes
-#     alone; bad grids stop before any work;
+#     alone; --sequence-parallel on --tp 2 --pp 2 (with dropout) and on --tp 2 --dist zero2 logs the one
+#     process's losses, and the first one's checkpoint resumes alone; bad grids stop before any work;
 #  4. ranks started with different settings stop at start-up naming the difference; ranks started without
 #     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
 #   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
@@ -87,6 +88,22 @@ same_losses g_zalone.jsonl g_one.jsonl 6 1e-6
 # ZeRO-2 over the replicas of a pipeline (dp 2 x pp 2).
 run -np 4 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --pp 2 --dist zero2 --log g_zpp.jsonl > g_zpp.out
 same_losses g_zpp.jsonl g_one.jsonl 1 1e-6
+# Sequence parallelism (Note [sequence parallelism]): with dropout, the one process's losses on tp 2 x pp 2
+# (the pipeline draws the one process's numbers, Note [pipeline parallelism]), and its checkpoint resumes
+# alone with them; under ZeRO-2 over dp 2 x tp 2.
+"$T" "${C[@]}" "${G[@]}" --dropout 0.1 --log sp_one.jsonl > sp_one.out
+run -np 4 "$T" "${C[@]}" "${G[@]}" --dropout 0.1 --tp 2 --pp 2 --sequence-parallel --save-dir spck --save-every 5 --keep 0 --log sp_grid.jsonl > sp_grid.out
+grep -q "sequence parallelism" sp_grid.out
+same_losses sp_grid.jsonl sp_one.jsonl 1 1e-6
+# (without dropout: data-parallel replicas draw each their own rows' numbers, not the one process's)
+run -np 4 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --tp 2 --sequence-parallel --dist zero2 --log sp_zero.jsonl > sp_zero.out
+same_losses sp_zero.jsonl g_one.jsonl 1 1e-6
+"$T" "${C[@]}" "${G[@]}" --dropout 0.1 --resume spck/ckpt-00000005.safetensors --log sp_alone.jsonl > sp_alone.out
+same_losses sp_alone.jsonl sp_one.jsonl 6 1e-6
+for bad in "--sequence-parallel" "--tp 2 --sequence-parallel"; do
+  if "$T" "${C[@]/#32/33}" --steps 4 $bad > bad.out 2>&1; then echo "FAIL: train_gpt $bad trained"; exit 1; fi
+  grep -q "it needs --tp 2 or more\|--seq 33 is not a multiple of --tp 2" bad.out || { cat bad.out; exit 1; }
+done
 for bad in "--tp 3" "--pp 5"; do
   if "$T" "${C[@]}" --steps 4 $bad > bad.out 2>&1; then echo "FAIL: train_gpt $bad trained"; exit 1; fi
   grep -q "do not split over 3 ranks\|more pipeline stages than the model's 4 blocks" bad.out || { cat bad.out; exit 1; }

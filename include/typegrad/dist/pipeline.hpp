@@ -46,8 +46,29 @@ namespace tg::dist {
 // (unscale, inf/NaN check, clip, update, schedule) runs on every stage with the flags and squared norms
 // summed over the group (the wte copy counted once), and the mean loss is broadcast from the last stage.
 // The bubble, the fraction of a step a stage idles while the pipeline fills and drains, is (p-1)/(m+p-1)
-// for equal stages. Dropout draws from each stage's generator in the schedule's order, so with dropout a
-// run is not the one-process run's draws (without it, it is the one-process run up to fp32 rounding).
+// for equal stages.
+// Dropout draws the one-process run's numbers: a micro-batch of the whole model draws from the generator in
+// a fixed order (the embedding's dropout, then two per block, each over B·T·C counters), so stage s knows
+// where its draws begin (dropout_counters) and sets the generator there before each micro-batch's forward,
+// whatever the schedule's order; after the step every stage's generator stands where the one-process run's
+// does (m micro-batches further), so a checkpoint's generator state is the same on every rank and a resumed
+// run continues the same stream.
+
+/// Where a pipeline stage's dropout draws lie within one micro-batch (Note [pipeline parallelism]), in the
+/// generator's counters: before the stage's first draw, the stage's own draws, and the whole model's.
+struct DropoutCounters {
+  std::uint64_t before = 0, mine = 0, per_micro = 0;
+};
+/// The counters of blocks [first, last) of a GPT with `config` (and its embedding's dropout when `embeds`) on
+/// a (B, T) micro-batch, when training with dropout (otherwise none).
+inline DropoutCounters gpt_dropout_counters(const nn::GPTConfig& config, std::int64_t first, std::int64_t last, bool embeds, std::int64_t B,
+                                            std::int64_t T) {
+  if (config.dropout == 0.f) return {};
+  const auto n = static_cast<std::uint64_t>(B * T * config.n_embd);
+  const auto draws_before = static_cast<std::uint64_t>(first == 0 && embeds ? 0 : 1 + 2 * first);
+  return {n * draws_before, n * static_cast<std::uint64_t>((embeds ? 1 : 0) + 2 * (last - first)),
+          n * static_cast<std::uint64_t>(1 + 2 * config.n_layer)};
+}
 
 /// One stage of a GPT split into pipeline stages (Note [pipeline parallelism]).
 template <Device D = cpu>
@@ -70,6 +91,10 @@ class PipelineGPT {
     }
   }
 
+  /// The shape of the activations sent between stages for a (B, T) batch.
+  Shape activation_shape(std::int64_t B, std::int64_t T) const { return {B, T, config_.n_embd}; }
+  /// Where this stage's dropout draws lie in a (B, T) micro-batch (Note [pipeline parallelism]).
+  DropoutCounters dropout_counters(std::int64_t B, std::int64_t T) const { return gpt_dropout_counters(config_, first_, last_, is_first(), B, T); }
   bool is_first() const { return pp_->rank() == 0; }
   bool is_last() const { return pp_->rank() == pp_->size() - 1; }
   /// The pipeline's group (stage s = rank s).
@@ -189,16 +214,23 @@ class PipelineStep {
     if (replicas_) replicas_->before_backward(0, 1);  // the buckets become the gradients' storage (DDP, ZeRO-1)
     std::vector<decltype(next_batch())> batches;
     for (std::int64_t i = 0; i < m; ++i) batches.push_back(next_batch());
-    const std::int64_t B = batches[0].inputs.size(0), T_ = batches[0].inputs.size(1), C = st.config().n_embd;
+    const std::int64_t B = batches[0].inputs.size(0), T_ = batches[0].inputs.size(1);
     std::vector<Tensor<compute_type, D>> inputs(static_cast<std::size_t>(m)), outputs(static_cast<std::size_t>(m));
     std::vector<Tensor<fp32, D>> losses(static_cast<std::size_t>(m));
     double loss_sum = 0;
     int alive = 0;
+    // Note [pipeline parallelism]: micro-batch i's draws at the one-process run's counters.
+    const DropoutCounters drawn = st.dropout_counters(B, T_);
+    const std::uint64_t seed = dropout_gen.seed(), base = dropout_gen.offset();
     auto forward = [&](std::int64_t i, Tensor<compute_type, D> x) {
       const auto& b = batches[static_cast<std::size_t>(i)];
+      const std::uint64_t first_draw = base + static_cast<std::uint64_t>(i) * drawn.per_micro + drawn.before;
+      dropout_gen.set_state(seed, first_draw);
       if (st.is_first()) x = st.template embed<compute_type>(b.inputs, dropout_gen, true);
       else inputs[static_cast<std::size_t>(i)] = x;
       Tensor<compute_type, D> y = st.template blocks<compute_type, Ckpt>(x, dropout_gen, true);
+      TG_CHECK(dropout_gen.offset() - first_draw == drawn.mine, "PipelineStep: stage ", s, " drew ", dropout_gen.offset() - first_draw,
+               " dropout counters in micro-batch ", i, ", its dropout_counters() says ", drawn.mine);
       if (st.is_last()) {
         const Tensor<fp32, D> loss = st.stage_loss(st.template head<compute_type>(y), b.targets);
         const double v = static_cast<double>(loss.item());
@@ -226,7 +258,7 @@ class PipelineStep {
       return dx;
     };
     auto fresh = [&] {  // a received activation: a leaf whose gradient backward fills
-      Tensor<compute_type, D> x = Tensor<compute_type, D>::empty({B, T_, C});
+      Tensor<compute_type, D> x = Tensor<compute_type, D>::empty(st.activation_shape(B, T_));
       return x;
     };
     auto leaf = [](Tensor<compute_type, D> x) {
@@ -304,6 +336,7 @@ class PipelineStep {
         count_send(dx);
       }
     }
+    dropout_gen.set_state(seed, base + static_cast<std::uint64_t>(m) * drawn.per_micro);
     // The tied embedding's two copies take the summed gradient.
     if (tied_ && tied_->size() > 1) {
       const Tensor<fp32, D> g = st.tied_weight().grad();

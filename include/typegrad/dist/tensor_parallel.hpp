@@ -20,9 +20,11 @@
 #include "typegrad/dist/comm.hpp"
 #include "typegrad/dist/data_parallel.hpp"
 #include "typegrad/dist/grid.hpp"
+#include "typegrad/dist/pipeline.hpp"
 #include "typegrad/nn/gpt.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/concat.hpp"
 #include "typegrad/ops/dropout.hpp"
 #include "typegrad/ops/embedding.hpp"
 #include "typegrad/ops/layernorm.hpp"
@@ -55,8 +57,15 @@ namespace tg::dist {
 // For the global gradient norm the split parameters' squares are summed over the group and the replicated
 // ones counted once (TensorParallelSync::counts_in_norm).
 
+namespace detail {
+/// Bytes one rank sends in a ring all-reduce of `bytes` over n ranks: 2(n-1)/n of them (Note [tensor parallelism]).
+inline std::int64_t all_reduce_wire(std::int64_t bytes, int n) { return n > 1 ? 2 * bytes * (n - 1) / n : 0; }
+/// Bytes one rank sends in a ring all-gather or reduce-scatter whose full tensor is `bytes`: (n-1)/n of them.
+inline std::int64_t gather_wire(std::int64_t bytes, int n) { return n > 1 ? bytes * (n - 1) / n : 0; }
+}  // namespace detail
+
 /// Forward: x; backward: the gradient summed over `comm`'s ranks (Megatron's f). `bytes`, when given, counts
-/// the bytes all-reduced.
+/// the bytes this rank sends (Note [tensor parallelism]).
 template <FloatingElement T, Device D>
 Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm, std::int64_t* bytes = nullptr) {
   Tensor<T, D> out = x.detach();
@@ -69,7 +78,7 @@ Tensor<T, D> copy_to_group(const Tensor<T, D>& x, Communicator& comm, std::int64
                      Tensor<T, D> g = Tensor<T, D>::empty(dout.shape());
                      tg::detail::copy_tensor(dout, g);
                      s.comm->all_reduce(g, ReduceOp::sum);
-                     if (s.bytes && s.comm->size() > 1) *s.bytes += static_cast<std::int64_t>(g.nbytes());
+                     if (s.bytes) *s.bytes += detail::all_reduce_wire(static_cast<std::int64_t>(g.nbytes()), s.comm->size());
                      return std::tuple{g};
                    }, x);
   return out;
@@ -81,9 +90,158 @@ Tensor<T, D> reduce_from_group(const Tensor<T, D>& x, Communicator& comm, std::i
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   tg::detail::copy_tensor(x, out);
   comm.all_reduce(out, ReduceOp::sum);
-  if (bytes && comm.size() > 1) *bytes += static_cast<std::int64_t>(out.nbytes());
+  if (bytes) *bytes += detail::all_reduce_wire(static_cast<std::int64_t>(out.nbytes()), comm.size());
   struct Saved {};
   autodiff::record("reduce_from_group", out, Saved{}, [](Saved&, const Tensor<T, D>& dout, auto) { return std::tuple{dout}; }, x);
+  return out;
+}
+
+// Note [sequence parallelism]
+// Between the tensor-parallel parts of a block (the LayerNorms, the dropouts, the residual adds) every rank
+// of a plain tensor-parallel group holds the same (B,T,C) activations and does the same work on them.
+// Sequence parallelism (Korthikanti et al. 2022) splits those regions along the sequence instead: rank r of n
+// holds positions [r·T/n, (r+1)·T/n) (T must be a multiple of n), so their activations and their work are
+// divided by n. The communication changes shape, not volume: before each column-parallel part the sequence is
+// gathered (gather_from_sequence: an all-gather forward, a reduce-scatter backward) and after each row-parallel
+// part the partial sums are summed and scattered (reduce_scatter_to_sequence: a reduce-scatter forward, an
+// all-gather backward), and an all-gather plus a reduce-scatter send what one all-reduce sends. The
+// embedding's vocabulary-parallel sum becomes a reduce-scatter and the head gathers the sequence before
+// the LM head. The replicated parameters used in those regions (the LayerNorms, the row-parallel biases, wpe)
+// then see only their rank's positions, so their gradients are summed over the group: each block reads them
+// through one copy_to_group of their concatenated fp32 masters (one all-reduce of 6C values in backward, in
+// fp32). Dropout on a sequence slice draws the numbers the full tensor would (sequence_parallel_dropout), so
+// a run with sequence parallelism equals the one-process run like plain tensor parallelism does.
+
+/// Positions [begin, end) of rank r's part of a sequence of T positions split over n ranks (T a multiple of n).
+inline std::pair<std::int64_t, std::int64_t> sequence_range(std::int64_t T, int r, int n) { return {r * (T / n), (r + 1) * (T / n)}; }
+
+namespace detail {
+/// The counts of a (B, T, ...) tensor's sequence parts over n ranks, in elements.
+inline std::vector<std::int64_t> sequence_counts(const Shape& full, int n) {
+  const std::int64_t per = full.numel() / std::max<std::int64_t>(1, full[1]) * (full[1] / n);
+  return std::vector<std::int64_t>(static_cast<std::size_t>(n), per);
+}
+/// Rank-major packing of dim 1 (part r: x[:, r·T/n : (r+1)·T/n] contiguous), for a reduce-scatter.
+template <FloatingElement T, Device D>
+Tensor<T, D> pack_sequence(const Tensor<T, D>& x, int n) {
+  Tensor<T, D> flat = Tensor<T, D>::empty({x.numel()});
+  const std::int64_t Tl = x.size(1) / n, part = x.numel() / n;
+  Shape ps = x.shape();
+  ps[1] = Tl;
+  for (int r = 0; r < n; ++r) tg::detail::copy_tensor(x.narrow(1, r * Tl, Tl), flat.narrow(0, r * part, part).reshape(ps));
+  return flat;
+}
+/// The inverse of pack_sequence: a (B, T, ...) tensor of `full` shape from rank-major parts.
+template <FloatingElement T, Device D>
+Tensor<T, D> unpack_sequence(const Tensor<T, D>& flat, const Shape& full, int n) {
+  Tensor<T, D> out = Tensor<T, D>::empty(full);
+  const std::int64_t Tl = full[1] / n, part = full.numel() / n;
+  Shape ps = full;
+  ps[1] = Tl;
+  for (int r = 0; r < n; ++r) tg::detail::copy_tensor(flat.narrow(0, r * part, part).reshape(ps), out.narrow(1, r * Tl, Tl));
+  return out;
+}
+inline void check_sequence_split(const Shape& full, int n, const char* op) {
+  TG_CHECK(full.size() >= 2, op, ": a (B, T, ...) tensor is split along its sequence (dim 1), got ", full);
+  TG_CHECK(full[1] % n == 0, op, ": a sequence of ", full[1], " positions does not split evenly over ", n,
+           " tensor-parallel ranks (sequence parallelism needs a sequence length that is a multiple of the tensor-parallel size)");
+}
+}  // namespace detail
+
+/// Forward: this rank's sequence part x (B, T/n, ...) gathered into (B, T, ...) over `comm` (Note [sequence
+/// parallelism]); backward: the gradient summed over the group, this rank's part kept (a reduce-scatter).
+template <FloatingElement T, Device D>
+Tensor<T, D> gather_from_sequence(const Tensor<T, D>& x, Communicator& comm, std::int64_t* bytes = nullptr) {
+  const int n = comm.size();
+  TG_CHECK(x.dim() >= 2, "gather_from_sequence: a (B, T, ...) tensor is split along its sequence (dim 1), got ", x.shape());
+  Shape full = x.shape();
+  full[1] *= n;
+  const auto counts = detail::sequence_counts(full, n);
+  const Tensor<T, D> mine = x.contiguous_raw();
+  Tensor<T, D> flat = Tensor<T, D>::empty({full.numel()});
+  comm.all_gather(buffer_of(mine), buffer_of(flat), counts);
+  Tensor<T, D> out = detail::unpack_sequence(flat, full, n).detach();
+  if (bytes) *bytes += detail::gather_wire(static_cast<std::int64_t>(out.nbytes()), n);
+  struct Saved {
+    Communicator* comm;
+    std::int64_t* bytes;
+    Shape local;
+  };
+  autodiff::record("gather_from_sequence", out, Saved{&comm, bytes, x.shape()},
+                   [](Saved& s, const Tensor<T, D>& dout, auto) {
+                     const int m = s.comm->size();
+                     const Tensor<T, D> packed = detail::pack_sequence(dout, m);
+                     Tensor<T, D> g = Tensor<T, D>::empty(s.local);
+                     s.comm->reduce_scatter(buffer_of(packed), buffer_of(g), detail::sequence_counts(dout.shape(), m), ReduceOp::sum);
+                     if (s.bytes) *s.bytes += detail::gather_wire(static_cast<std::int64_t>(dout.nbytes()), m);
+                     return std::tuple{g};
+                   }, x);
+  return out;
+}
+
+/// Forward: x (B, T, ...) summed over `comm`'s ranks, this rank's sequence part (B, T/n, ...) kept (a
+/// reduce-scatter; Note [sequence parallelism]); backward: the parts' gradients gathered (an all-gather).
+template <FloatingElement T, Device D>
+Tensor<T, D> reduce_scatter_to_sequence(const Tensor<T, D>& x, Communicator& comm, std::int64_t* bytes = nullptr) {
+  const int n = comm.size();
+  detail::check_sequence_split(x.shape(), n, "reduce_scatter_to_sequence");
+  Shape local = x.shape();
+  local[1] /= n;
+  const Tensor<T, D> packed = detail::pack_sequence(x, n);
+  Tensor<T, D> out = Tensor<T, D>::empty(local);
+  comm.reduce_scatter(buffer_of(packed), buffer_of(out), detail::sequence_counts(x.shape(), n), ReduceOp::sum);
+  if (bytes) *bytes += detail::gather_wire(static_cast<std::int64_t>(x.nbytes()), n);
+  struct Saved {
+    Communicator* comm;
+    std::int64_t* bytes;
+    Shape full;
+  };
+  autodiff::record("reduce_scatter_to_sequence", out, Saved{&comm, bytes, x.shape()},
+                   [](Saved& s, const Tensor<T, D>& dout, auto) {
+                     const int m = s.comm->size();
+                     const Tensor<T, D> mine = dout.contiguous_raw();
+                     Tensor<T, D> flat = Tensor<T, D>::empty({s.full.numel()});
+                     s.comm->all_gather(buffer_of(mine), buffer_of(flat), detail::sequence_counts(s.full, m));
+                     if (s.bytes) *s.bytes += detail::gather_wire(static_cast<std::int64_t>(flat.nbytes()), m);
+                     return std::tuple{detail::unpack_sequence(flat, s.full, m)};
+                   }, x);
+  return out;
+}
+
+/// Dropout of positions [t0, t0 + Tl) of a (B, T, ...) tensor given as that slice x (B, Tl, ...): element
+/// (b, t, j) of x is kept or dropped as element (b, t0 + t, j) of the full tensor would be by dropout() (Note
+/// [dropout replays its mask]), and the generator advances by the full tensor's count, so the ranks of a
+/// sequence-parallel group draw, between them, the one-process run's mask (Note [sequence parallelism]).
+template <FloatingElement T, Device D>
+Tensor<T, D> sequence_parallel_dropout(const Tensor<T, D>& x, double p, Generator& gen, bool training, std::int64_t full_length, std::int64_t t0) {
+  TG_CHECK(p >= 0.0 && p < 1.0, "sequence_parallel_dropout: p must be in [0, 1), got ", p);
+  TG_CHECK(x.dim() >= 2, "sequence_parallel_dropout: x must be (B, T, ...), got ", x.shape());
+  TG_CHECK(t0 >= 0 && t0 + x.size(1) <= full_length, "sequence_parallel_dropout: positions [", t0, ", ", t0 + x.size(1),
+           ") are outside a sequence of ", full_length);
+  if (!training || p == 0.0) return x;
+  const std::int64_t B = x.size(0), Tl = x.size(1), inner = B * Tl > 0 ? x.numel() / (B * Tl) : 0;
+  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(B * full_length * inner));
+  struct Saved {
+    std::uint64_t seed, offset;
+    double p;
+    std::int64_t full_length, t0;
+  };
+  // Batch row b of the slice is elements [(b·T + t0)·inner, ...) of the full tensor's stream: one launch per row.
+  auto apply = [](const Saved& s, const Tensor<T, D>& in) {
+    Tensor<T, D> out = Tensor<T, D>::empty(in.shape());
+    const std::int64_t rows = in.size(0), per = in.size(0) > 0 ? in.numel() / in.size(0) : 0, len = in.size(1);
+    const std::int64_t inner_ = len > 0 ? per / len : 0;
+    for (std::int64_t b = 0; b < rows; ++b) {
+      const Tensor<T, D> src = in.narrow(0, b, 1), dst = out.narrow(0, b, 1);
+      const std::uint64_t at = s.offset + static_cast<std::uint64_t>((b * s.full_length + s.t0) * inner_);
+      TG_BACKEND(D, dropout_forward<T>(src.data(), src.strides(), dst.data(), src.shape(), s.seed, at, s.p));
+    }
+    return out;
+  };
+  const Saved saved{seed, offset, p, full_length, t0};
+  Tensor<T, D> out = apply(saved, x);
+  autodiff::record("sequence_parallel_dropout", out, saved,
+                   [apply](Saved& s, const Tensor<T, D>& dout, auto) { return std::tuple{apply(s, dout)}; }, x);
   return out;
 }
 
@@ -226,6 +384,13 @@ inline Shape slice_shape(const Shape& full, Split split, int r, int n) {
 }
 }  // namespace detail
 
+/// How a TensorParallelGPT splits its work.
+struct TensorParallelOptions {
+  /// Split the LayerNorm, dropout and residual regions along the sequence (Note [sequence parallelism]): their
+  /// activations and work are divided by the group's size; the sequence length must be a multiple of it.
+  bool sequence_parallel = false;
+};
+
 /// A GPT split across a tensor-parallel group (Note [tensor parallelism]): built from the full model (so it
 /// starts from the one-process model's weights), trained through train::TrainStep with its loss() and a
 /// TensorParallelSync, gathered back to the full layout for checkpoints.
@@ -233,19 +398,29 @@ template <Device D = cpu>
 class TensorParallelGPT {
  public:
   /// The whole model split over the tensor-parallel group `tp`.
-  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp) : TensorParallelGPT(full, tp, nullptr, nullptr) {}
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp, TensorParallelOptions options = {})
+      : TensorParallelGPT(full, tp, nullptr, nullptr, options) {}
   TensorParallelGPT(const TensorParallelGPT&) = delete;
   TensorParallelGPT& operator=(const TensorParallelGPT&) = delete;
   /// This rank's stage of a process grid (Note [process grid]): its pipeline stage's blocks (Note [pipeline
   /// parallelism]), split over its tensor-parallel group; used by PipelineStep.
-  TensorParallelGPT(const nn::BasicGPT<cpu>& full, const ProcessGrid& grid)
-      : TensorParallelGPT(full, *grid.tp, grid.pp.get(), grid.model.get()) {}
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, const ProcessGrid& grid, TensorParallelOptions options = {})
+      : TensorParallelGPT(full, *grid.tp, grid.pp.get(), grid.model.get(), options) {}
 
   const nn::GPTConfig& config() const { return config_; }
   Communicator& tensor_group() const { return *tp_; }
   Communicator& pipeline() const { return *pp_; }
   /// The ranks holding one whole replica (tensor-parallel group x pipeline).
   Communicator& model_group() const { return *model_; }
+  bool sequence_parallel() const { return options_.sequence_parallel; }
+  /// The shape of the activations between blocks (and between pipeline stages) for a (B, T) batch: (B, T, C),
+  /// or this rank's part of the sequence (B, T/n, C) under sequence parallelism.
+  Shape activation_shape(std::int64_t B, std::int64_t T) const {
+    return {B, options_.sequence_parallel ? T / tp_->size() : T, config_.n_embd};
+  }
+  /// Where this stage's dropout draws lie in a (B, T) micro-batch (Note [pipeline parallelism]; under sequence
+  /// parallelism each rank advances by the full tensors' counts too).
+  DropoutCounters dropout_counters(std::int64_t B, std::int64_t T) const { return gpt_dropout_counters(config_, first_, last_, is_first(), B, T); }
   bool is_first() const { return pp_->rank() == 0; }
   bool is_last() const { return pp_->rank() == pp_->size() - 1; }
   std::int64_t first_block() const { return first_; }
@@ -287,9 +462,21 @@ class TensorParallelGPT {
       mask_host.data()[i] = T(in ? 1.0f : 0.0f);
     }
     const Tensor<T, D> mask = mask_host.template to<D>();
-    Tensor<T, D> x = reduce_from_group(mul(embedding(w<T>("wte.weight"), local), mask), *tp_, &bytes_);
-    x = add(x, embedding(w<T>("wpe.weight"), Tensor<std::int64_t>::arange(T_)));
-    return dropout(x, config_.dropout, dropout_gen, training);
+    const Tensor<T, D> tokens = mul(embedding(w<T>("wte.weight"), local), mask);
+    if (!options_.sequence_parallel) {
+      Tensor<T, D> x = reduce_from_group(tokens, *tp_, &bytes_);
+      x = add(x, embedding(w<T>("wpe.weight"), Tensor<std::int64_t>::arange(T_)));
+      return dropout(x, config_.dropout, dropout_gen, training);
+    }
+    // Note [sequence parallelism]: the token sum scattered over the sequence, this rank's positions of wpe (read
+    // through one copy_to_group of the rows in use, so its gradient is summed over the group).
+    TG_CHECK(T_ % tp_->size() == 0, "sequence parallelism: a sequence of ", T_, " positions does not split evenly over ", tp_->size(),
+             " tensor-parallel ranks (the sequence length must be a multiple of the tensor-parallel size)");
+    const auto [t0, t1] = sequence_range(T_, tp_->rank(), tp_->size());
+    Tensor<T, D> x = reduce_scatter_to_sequence(tokens, *tp_, &bytes_);
+    const Tensor<fp32, D> positions = copy_to_group(find("wpe.weight").tensor.narrow(0, 0, T_), *tp_, &bytes_);
+    x = add(x, positions.template to<T>().narrow(0, t0, t1 - t0));
+    return sequence_parallel_dropout(x, config_.dropout, dropout_gen, training, T_, t0);
   }
 
   /// This rank's blocks on x (B,T,C) (Note [tensor parallelism]), each under the checkpointing policy Ckpt (its
@@ -300,9 +487,11 @@ class TensorParallelGPT {
     return x;
   }
 
-  /// Block l (pre-LN, attention then MLP, dropout on both branches) on x (B,T,C).
+  /// Block l (pre-LN, attention then MLP, dropout on both branches) on x (B,T,C), or on this rank's part of the
+  /// sequence (B,T/n,C) under sequence parallelism.
   template <FloatingElement T>
   Tensor<T, D> block_forward(std::int64_t l, Tensor<T, D> x, Generator& dropout_gen, bool training) const {
+    if (options_.sequence_parallel) return sequence_parallel_block<T>(l, x, dropout_gen, training);
     const std::int64_t B = x.size(0), T_ = x.size(1), C = config_.n_embd, n = tp_->size();
     const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head;
     Communicator& g = *tp_;
@@ -323,7 +512,13 @@ class TensorParallelGPT {
   template <FloatingElement T>
   Tensor<T, D> head(const Tensor<T, D>& x) const {
     TG_CHECK(v1_ > v0_, "TensorParallelGPT: rank ", tp_->rank(), " holds no vocabulary");
-    const Tensor<T, D> h = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), *tp_, &bytes_);
+    Tensor<T, D> h;
+    if (options_.sequence_parallel) {  // Note [sequence parallelism]: the sequence gathered before the LM head
+      const auto ln = summed_over_group<T>({"ln_f.weight", "ln_f.bias"});
+      h = gather_from_sequence(layernorm(x, ln[0], ln[1]), *tp_, &bytes_);
+    } else {
+      h = copy_to_group(layernorm(x, w<T>("ln_f.weight"), w<T>("ln_f.bias")), *tp_, &bytes_);
+    }
     return linear(h, w<T>("wte.weight"));  // the tied head (the last stage's copy of wte under a pipeline)
   }
   template <FloatingElement T>
@@ -381,7 +576,8 @@ class TensorParallelGPT {
   }
 
  private:
-  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp, Communicator* pp, Communicator* model) : config_(full.config()), tp_(&tp) {
+  TensorParallelGPT(const nn::BasicGPT<cpu>& full, Communicator& tp, Communicator* pp, Communicator* model, TensorParallelOptions options)
+      : config_(full.config()), tp_(&tp), options_(options) {
     if (!pp) {
       own_pp_ = std::make_unique<SingleProcess>(device_traits<D>::kind);
       pp = own_pp_.get();
@@ -418,6 +614,42 @@ class TensorParallelGPT {
       return model->template block_forward<T>(index, x, gen, training);
     }
   };
+  /// Block l under sequence parallelism (Note [sequence parallelism]) on this rank's positions x (B,T/n,C).
+  template <FloatingElement T>
+  Tensor<T, D> sequence_parallel_block(std::int64_t l, Tensor<T, D> x, Generator& dropout_gen, bool training) const {
+    const std::int64_t B = x.size(0), n = tp_->size(), T_ = x.size(1) * n, C = config_.n_embd;
+    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head, t0 = tp_->rank() * x.size(1);
+    Communicator& g = *tp_;
+    const std::string h = "h." + std::to_string(l) + ".";
+    const auto rep = summed_over_group<T>({h + "ln_1.weight", h + "ln_1.bias", h + "attn.c_proj.bias", h + "ln_2.weight", h + "ln_2.bias",
+                                           h + "mlp.c_proj.bias"});
+    const Tensor<T, D> a = gather_from_sequence(layernorm(x, rep[0], rep[1]), g, &bytes_);  // (B,T,C)
+    const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
+    auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
+    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
+    const Tensor<T, D> o = add(reduce_scatter_to_sequence(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), rep[2]);  // (B,T/n,C)
+    x = add(x, sequence_parallel_dropout(o, config_.dropout, dropout_gen, training, T_, t0));
+    const Tensor<T, D> m = gather_from_sequence(layernorm(x, rep[3], rep[4]), g, &bytes_);
+    const Tensor<T, D> f = linear_gelu_tanh(m, w<T>(h + "mlp.c_fc.weight"), w<T>(h + "mlp.c_fc.bias"));  // (B,T,4C/n)
+    const Tensor<T, D> o2 = add(reduce_scatter_to_sequence(linear(f, w<T>(h + "mlp.c_proj.weight")), g, &bytes_), rep[5]);
+    return add(x, sequence_parallel_dropout(o2, config_.dropout, dropout_gen, training, T_, t0));
+  }
+  /// The replicated 1-D parameters `names` in T, read through one copy_to_group of their concatenated fp32
+  /// masters: their gradients, from this rank's positions only, are summed over the group in one all-reduce
+  /// (Note [sequence parallelism]).
+  template <FloatingElement T>
+  std::vector<Tensor<T, D>> summed_over_group(const std::vector<std::string>& names) const {
+    std::vector<Tensor<fp32, D>> masters;
+    for (const auto& n : names) masters.push_back(find(n).tensor);
+    const Tensor<fp32, D> all = copy_to_group(concat(masters, 0), *tp_, &bytes_);
+    std::vector<Tensor<T, D>> out;
+    std::int64_t at = 0;
+    for (const auto& m : masters) {
+      out.push_back(all.narrow(0, at, m.numel()).template to<T>());
+      at += m.numel();
+    }
+    return out;
+  }
   bool on_this_stage(const std::string& name) const {
     if (name == "wte.weight") return is_first() || is_last();
     if (name.starts_with("wpe.")) return is_first();
@@ -459,6 +691,7 @@ class TensorParallelGPT {
 
   nn::GPTConfig config_;
   Communicator* tp_;
+  TensorParallelOptions options_;
   Communicator* pp_ = nullptr;
   Communicator* model_ = nullptr;
   std::unique_ptr<Communicator> own_pp_;  // a single stage when no pipeline is given
