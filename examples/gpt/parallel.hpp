@@ -183,7 +183,7 @@ int train_parallel(Options o) {
   auto next = [&] { return sampler.next(); };
   // What the summary reports (rank 0): the step's memory above what stays between steps, the bytes each kind
   // of model parallelism moved and the time a stage waited on its neighbours.
-  std::int64_t step_peak = 0, tp_bytes = 0, pp_bytes = 0;
+  std::int64_t step_peak = 0, tp_bytes = 0, pp_bytes = 0, activations = 0;
   double pp_wait = 0;
   for (std::int64_t k = start_step + 1; k <= o.steps; ++k) {
     const std::int64_t resident = tg::allocator<tg::cpu>().stats().bytes_in_use;
@@ -192,7 +192,11 @@ int train_parallel(Options o) {
     const auto t0 = tg::train::Clock::now();
     const tg::train::StepResult r =
         pipe ? pipe->run(next, dropout_gen)
-             : step->run(model, next, dropout_gen, [&](const auto& logits, const tg::data::Batch& b) { return model.loss(logits, b.targets); });
+             : step->run(model, next, dropout_gen, [&](const auto& logits, const tg::data::Batch& b) {
+                 auto loss = model.loss(logits, b.targets);  // the forward's memory, kept for backward, measured here
+                 activations = std::max(activations, tg::allocator<tg::cpu>().stats().bytes_in_use - resident);
+                 return loss;
+               });
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
     step_peak = std::max(step_peak, tg::allocator<tg::cpu>().stats().peak_bytes - resident);
@@ -200,6 +204,7 @@ int train_parallel(Options o) {
     if (pipe) {
       pp_bytes += pipe->stats().bytes_sent;
       pp_wait += pipe->stats().wait_seconds;
+      activations = std::max(activations, pipe->stats().activation_bytes);
     }
     if (root && (k % 10 == 0 || k == 1 || k == o.steps))
       std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %6.1f ms | %7.0f tok/s | mem %s\n", (long long)k, (long long)o.steps,
@@ -241,9 +246,10 @@ int train_parallel(Options o) {
                               micro * replicated_grads * 2 * ring;
     const double sent = o.sequence_parallel ? act / static_cast<double>(o.tp) : act;
     const double pp_formula = o.pp > 1 ? ((model.is_last() ? 0 : 1) + (model.is_first() ? 0 : 1)) * micro * sent : 0;
-    std::printf("  model parallel    rank 0: step memory above the state kept between steps %s; tensor-parallel sends %.2f MiB/step "
+    std::printf("  model parallel    rank 0: activations kept for backward %s, step memory above the state kept between steps %s; "
+                "tensor-parallel sends %.2f MiB/step "
                 "(formula %.2f); pipeline sends %.2f MiB/step (formula %.2f)\n",
-                tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
+                tg::train::human_bytes(activations).c_str(), tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
                 static_cast<double>(pp_bytes) / steps_run / (1 << 20), pp_formula / (1 << 20));
     if (pipe)
       std::printf("  pipeline          rank 0 waited on its neighbours %.1f%% of the step time (the 1F1B bubble (p-1)/(m+p-1) = %.1f%%)\n",

@@ -163,6 +163,9 @@ struct PipelineStats {
   std::int64_t activations_sent = 0, bytes_sent = 0;  ///< this stage's sends (activations and gradients), this step
   int max_alive = 0;                                  ///< the most micro-batches whose activations were alive at once
   double wait_seconds = 0;                            ///< time blocked on the neighbours' sends and receives, this step
+  /// The most memory (device allocator bytes in use) above the step's start that the forwards left alive: the
+  /// activations kept for backward of up to max_alive micro-batches (and their received inputs), this step.
+  std::int64_t activation_bytes = 0;
 };
 
 /// The training step of a pipeline stage: the 1F1B schedule over m micro-batches, then the one step boundary
@@ -222,6 +225,7 @@ class PipelineStep {
     // Note [pipeline parallelism]: micro-batch i's draws at the one-process run's counters.
     const DropoutCounters drawn = st.dropout_counters(B, T_);
     const std::uint64_t seed = dropout_gen.seed(), base = dropout_gen.offset();
+    const std::int64_t bytes_at_start = allocator<D>().stats().bytes_in_use;
     auto forward = [&](std::int64_t i, Tensor<compute_type, D> x) {
       const auto& b = batches[static_cast<std::size_t>(i)];
       const std::uint64_t first_draw = base + static_cast<std::uint64_t>(i) * drawn.per_micro + drawn.before;
@@ -241,6 +245,7 @@ class PipelineStep {
         outputs[static_cast<std::size_t>(i)] = y;
       }
       stats_.max_alive = std::max(stats_.max_alive, ++alive);
+      stats_.activation_bytes = std::max(stats_.activation_bytes, allocator<D>().stats().bytes_in_use - bytes_at_start);
     };
     // Backward of micro-batch i from the gradient of its output (the last stage: from its loss); returns the
     // gradient of its input (stage 0: none).
