@@ -1,7 +1,8 @@
 // One full GPT training step (forward, backward, AdamW; in bf16/fp16 mixed precision also the loss
 // scaling and the refresh of the weight copies) timed as the median of several steps after warm-up.
 // Prints a table row and one JSON line (read by compare_pytorch.py).
-//   bench_train_step --model gpt2 --batch 4 --seq 64 --steps 6 --warmup 2 --precision bf16
+// --compile runs the step through tg::compile (Note [compiled steps]): captured on the first step, replayed after.
+//   bench_train_step --model gpt2 --batch 4 --seq 64 --steps 6 --warmup 2 --precision bf16 [--compile]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <typegrad/amp/amp.hpp>
+#include <typegrad/compile/compile.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -20,6 +22,7 @@ struct Args {
   std::string model_name = "gpt2", precision = "fp32";
   std::int64_t B = 4, T = 64, steps = 6, warmup = 2;
   int threads = 2;
+  bool compile = false;
 };
 
 template <class Policy>
@@ -44,16 +47,21 @@ int bench(const Args& a) {
   }
   std::vector<double> ms;
   float loss_value = 0;
-  for (std::int64_t s = 0; s < warmup + steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
+  auto step = [&] {
     const auto loss = amp.loss(amp.forward(model, idx, gen, false), tgt);
     accum.scale(loss, amp.scaler).backward();
     if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum);
-    loss_value = loss.item();
+    return loss.item();
+  };
+  auto compiled = tg::compile(step);
+  compiled.set_parameters(params);
+  for (std::int64_t s = 0; s < warmup + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    loss_value = a.compile ? compiled() : step();
     const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(dt);
   }
-  const std::string prec(tg::amp::policy_name<Policy>());
+  const std::string prec = std::string(tg::amp::policy_name<Policy>()) + (a.compile ? " compiled" : "");
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   const double n_params = static_cast<double>(tg::nn::count_parameters(params));
@@ -63,8 +71,14 @@ int bench(const Args& a) {
   std::printf("| typegrad %s | %s B=%lld T=%lld | %d threads | median %.1f ms/step (min %.1f, max %.1f) | %.0f tokens/s | %.1f GFLOP/s | peak %.0f MiB |\n",
               prec.c_str(), model_name.c_str(), (long long)B, (long long)T, threads, median, ms.front(), ms.back(),
               static_cast<double>(B * T) / (median / 1e3), flops / (median / 1e3) / 1e9, static_cast<double>(mem.peak_bytes) / (1 << 20));
-  std::printf("{\"system\":\"typegrad\",\"precision\":\"%s\",\"median_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tokens_per_s\":%.1f,\"loss\":%.4f,\"peak_bytes\":%lld}\n",
-              prec.c_str(), median, ms.front(), ms.back(), static_cast<double>(B * T) / (median / 1e3), loss_value, (long long)mem.peak_bytes);
+  std::printf("{\"system\":\"typegrad\",\"compiled\":%s,\"precision\":\"%s\",\"median_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tokens_per_s\":%.1f,\"loss\":%.4f,\"peak_bytes\":%lld}\n",
+              a.compile ? "true" : "false", std::string(tg::amp::policy_name<Policy>()).c_str(), median, ms.front(), ms.back(),
+              static_cast<double>(B * T) / (median / 1e3), loss_value, (long long)mem.peak_bytes);
+  if (a.compile) {
+    if (compiled.eager()) std::printf("note: the step ran eagerly after its allocations left the plan (%s)\n", compiled.last_replay().divergence.c_str());
+    std::printf("compiled: %lld capture(s), %lld replays; the memory plan:\n%s", (long long)compiled.captures(), (long long)compiled.replays(),
+                compiled.memory_plan().describe().c_str());
+  }
   return 0;
 }
 }  // namespace
@@ -82,6 +96,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--precision", a.precision, "fp32, or bf16 / fp16 mixed precision")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--compile", a.compile, "run the step through tg::compile (captured once, replayed from the arena)");
   CLI11_PARSE(app, argc, argv);
   return tg::amp::with_precision(a.precision, [&]<class Policy>() {
     if constexpr (Policy::fp32_matmul == tg::amp::Fp32Matmul::tf32) return 2;  // not offered: a CPU benchmark

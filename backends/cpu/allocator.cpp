@@ -98,6 +98,13 @@ Allocator& allocator<cpu>() {
   return *instance;
 }
 
+namespace detail {
+namespace {
+thread_local AllocationOverride* t_override[2] = {nullptr, nullptr};  // cpu, cuda
+}  // namespace
+AllocationOverride*& allocation_override(DeviceKind device) { return t_override[device == DeviceKind::cpu ? 0 : 1]; }
+}  // namespace detail
+
 #if !TG_HAVE_CUDA
 template <>
 Allocator& allocator<cuda>() {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -43,6 +44,28 @@ inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::strin
 }
 
 /// Parses --seed: a decimal integer in [0, 2^64); "-1" and "1e3" are errors, not wrapped or truncated.
+/// A byte count: digits with an optional unit K, M, G, T (powers of 1024; KiB, MiB, GiB, TiB and KB, MB, GB, TB
+/// read the same), e.g. 8G or 512MiB. `flag` names the flag in errors.
+inline std::int64_t parse_bytes(const char* flag, const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0 || i > 15) throw tg::Error(flag, " must be a byte count such as 8G, 512MiB or 1073741824, got '", text, "'");
+  const std::int64_t n = std::stoll(text.substr(0, i));
+  std::string unit = text.substr(i);
+  if (unit.size() == 3 && unit[1] == 'i' && unit[2] == 'B') unit = unit.substr(0, 1);
+  else if (unit.size() == 2 && unit[1] == 'B') unit = unit.substr(0, 1);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K" || unit == "k") shift = 10;
+  else if (unit == "M") shift = 20;
+  else if (unit == "G") shift = 30;
+  else if (unit == "T") shift = 40;
+  if (shift < 0) throw tg::Error(flag, ": unknown unit '", text.substr(i), "' in '", text, "' (use K, M, G or T: powers of 1024)");
+  if (n > (std::numeric_limits<std::int64_t>::max() >> shift)) throw tg::Error(flag, " '", text, "' is too large");
+  if (n <= 0) throw tg::Error(flag, " must be positive, got '", text, "'");
+  return n << shift;
+}
+
 inline std::uint64_t parse_seed(const std::string& text) {
   std::uint64_t v = 0;
   const char* end = text.data() + text.size();
@@ -169,6 +192,13 @@ void validate_options(const Options& o) {
   }
   positive("--tp", o.tp, 4096);
   positive("--pp", o.pp, 4096);
+  // tg::compile in the trainer (Note [compiled steps in the trainer])
+  if ((o.compile || o.plan || !o.memory_budget.empty()) && o.grid)
+    throw tg::Error("--compile, --plan and --memory-budget are not combined with --tp/--pp yet");
+  if ((o.compile || o.plan || !o.memory_budget.empty()) && o.eval_only)
+    throw tg::Error("--compile, --plan and --memory-budget plan a training step: --eval-only trains nothing");
+  if (!o.memory_budget.empty() && o.checkpoint_given)
+    throw tg::Error("--memory-budget chooses the activation checkpointing: give it without --checkpoint");
   if (o.sequence_parallel && (!o.grid || o.tp < 2))
     throw tg::Error("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more");
   if (o.sequence_parallel && o.seq % o.tp != 0)

@@ -78,6 +78,11 @@ struct Options {
   float distill_alpha = 0.5f;        // weight of the KL term (1 - alpha: cross-entropy)
   float distill_temperature = 2.0f;  // softmax temperature of both distributions in the KL term
   bool eval_only = false;            // evaluate the model (--init-from) and exit
+  bool compile = false;              // run each step through tg::compile (Note [compiled steps in the trainer])
+  bool plan = false;                 // print the step's memory plan (and --memory-budget's choice) and exit
+  std::string memory_budget;         // --memory-budget as given ("" : none)
+  std::int64_t memory_budget_bytes = 0;
+  bool checkpoint_given = false;     // --checkpoint was on the command line
   std::string quantize;              // "": none; int8 | int8-static (with --eval-only)
   std::int64_t calibration_batches = 8;  // training batches for int8-static's activation scales
   bool quantize_lm_head = false;     // quantize the LM head too
@@ -175,6 +180,12 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--distill-from", o.distill_from, "distil from this teacher (a training checkpoint of any preset, same tokenizer)");
   app.add_option("--distill-alpha", o.distill_alpha, "weight of the teacher's KL term in [0, 1] (the rest: cross-entropy)");
   app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the KL term (> 0)");
+  app.add_flag("--compile", o.compile, "capture the training step once and replay it: its ops guarded, its memory planned into one "
+                                       "arena (no allocator calls after step 1)");
+  app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "
+                                 "--memory-budget choice, then exit (one step is run to capture it; nothing is written)");
+  app.add_option("--memory-budget", o.memory_budget, "the most memory a step may use, bytes (or with K, M, G, KiB, MiB, GiB): chooses the "
+                                                      "activation checkpointing with the least recompute that fits, before step 1");
   app.add_flag("--eval-only", o.eval_only, "evaluate the model (--init-from) on the validation batches and exit");
   app.add_option("--quantize", o.quantize, "with --eval-only: also evaluate the int8 model (int8: per-token activation scales; "
                                            "int8-static: scales calibrated on training batches) and time one forward")
@@ -196,6 +207,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
     o.seed = parse_seed(seed_text);
     o.tokenizer_given = tokenizer_flag->count() > 0;
     o.grid = tp_flag->count() + pp_flag->count() > 0;
+    o.checkpoint_given = app.get_option("--checkpoint")->count() > 0;
+    if (!o.memory_budget.empty()) o.memory_budget_bytes = parse_bytes("--memory-budget", o.memory_budget);
     // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
     if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);
     if (prune_end_flag->count() == 0) o.prune_end = std::max(o.prune_end, o.prune_start);  // one-shot at --prune-start

@@ -6,16 +6,29 @@
 //   train_gpt                                         # the README's first command: tiny GPT, 2000 steps
 //   train_gpt --data book.txt --model small --batch 8 --seq 256 --grad-accum 4 --log run.jsonl --precision bf16
 //   train_gpt --device cuda --model gpt2 --precision bf16 --batch 16 --seq 1024   # on a GPU (Note [training on a GPU])
+#include <typegrad/compile/compile.hpp>
+
 #include "eval_only.hpp"
 #include "parallel.hpp"
 #include "trainer.hpp"
 
 namespace train_gpt {
 
+// Note [compiled steps in the trainer]
+// --compile runs each optimizer step (its micro-batches' forwards and backwards and the boundary) through
+// tg::compile (Note [compiled steps]): step 1 captures it and plans its memory, which is printed; the
+// next steps replay it from the arena, so they make no allocator call on the device (the batch prefetcher's
+// thread allocates its batches as before). Validation, samples and checkpoints run between steps, eagerly.
+// Results are the eager run's bit for bit. --plan builds the run, captures one step (on the run's own model and
+// optimizer: nothing is written), prints the plan and exits. --memory-budget B does the same for each
+// activation checkpointing from the least recompute (none, selective, blocks) before the run starts, and
+// trains with the first whose planned peak fits B; none fitting is an error naming the smallest peak.
+
 /// One run with the precision policy P (--precision), the activation checkpointing C (--checkpoint) on the
-/// device D (--device): the types the command line chose, at one boundary (main).
+/// device D (--device): the types the command line chose, at one boundary (main). With `probe`, the run only
+/// captures one compiled step and returns its memory plan there (--plan, --memory-budget).
 template <class P, class C, tg::Device D>
-int train(const Options& options) {
+int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   Session<D> s(options);  // data, tokenizer, model, optimizer, schedule, batches (trainer.hpp)
   const Options& o = s.o;
   // One optimizer step: forward in P's compute type with C's checkpointing, backward, then unscale ->
@@ -29,7 +42,7 @@ int train(const Options& options) {
   }
   step_options.sync = s.dp.get();  // --dist: reduce gradients over the ranks (Note [data parallelism in the trainer])
   tg::train::TrainStep<P, C, D> step(s.params, *s.opt, s.schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
-  s.resume(step);  // --resume: weights, optimizer, positions, loss scaler (and pruning masks)
+  if (!probe) s.resume(step);  // --resume: weights, optimizer, positions, loss scaler (and pruning masks)
   if (s.prune && s.start_step == 0 && s.prune->update(0)) step.refresh_weights();  // one-shot pruning before step 1
   // --distill-from: the teacher's KL term joins the cross-entropy (Note [the teacher]).
   using Compute = typename decltype(step)::compute_type;
@@ -37,6 +50,17 @@ int train(const Options& options) {
     return tg::quant::distillation_loss(logits, s.teacher->template logits<Compute>(b.inputs), b.targets, o.distill_alpha,
                                         o.distill_temperature);
   };
+  auto run_step = [&]() -> tg::train::StepResult {
+    if (s.teacher) return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
+    return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
+  };
+  auto compiled = tg::compile<D>(run_step);  // Note [compiled steps in the trainer]
+  compiled.set_parameters(s.params);
+  if (probe) {
+    compiled();
+    *probe = compiled.memory_plan();
+    return 0;
+  }
   tg::train::JsonLinesLog log(o.log, s.start_step, o.log_errors == "warn" ? tg::train::OnLogError::warn : tg::train::OnLogError::stop);
   tg::train::RunClock clock(o.global_batch() * o.seq * o.grad_accum, s.start_step, o.steps);
   s.template print_header<decltype(step)>();
@@ -46,11 +70,12 @@ int train(const Options& options) {
     const auto t0 = tg::train::Clock::now();
     tg::train::StepResult r;
     try {
-      if (s.teacher) r = step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
-      else r = step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
+      r = o.compile ? compiled() : run_step();
     } catch (const tg::optim::NonFiniteStep& e) {
       throw s.stopped_at(k, e);  // nothing applied; --on-nonfinite skip would have skipped the step
     }
+    if (o.compile && k == s.start_step + 1 && o.rank == 0)
+      std::printf("compiled step: captured at step %lld; its memory plan:\n%s", (long long)k, compiled.memory_plan().describe().c_str());
     if (s.prune && s.prune->update(k)) step.refresh_weights();  // the schedule's mask update after step k
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
@@ -66,6 +91,12 @@ int train(const Options& options) {
     std::fflush(stdout);
   }
   s.finish(clock, started);  // the final sample, the summary, --plot
+  if (o.compile) {
+    std::printf("  compile           %lld capture(s), %lld replays%s; planned peak %s\n", (long long)compiled.captures(),
+                (long long)compiled.replays(), compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
+                tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str());
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -86,8 +117,52 @@ inline std::string rank_prefix(const Options& o) {
   return o.world > 1 ? "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world) + ": " : std::string();
 }
 }  // namespace train_gpt
-#define TRAIN_GPT_GPU_RUN(P, C) extern template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&);
+#define TRAIN_GPT_GPU_RUN(P, C) extern template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&, tg::capture::MemoryPlan*);
 TRAIN_GPT_RUNS(TRAIN_GPT_GPU_RUN)
+
+namespace train_gpt {
+/// --plan and --memory-budget (Note [compiled steps in the trainer]): captures one step of the run under each
+/// candidate checkpointing, prints the plans, and sets o.checkpoint to the choice (a budget that nothing fits
+/// is an error before any training).
+inline void plan_memory(Options& o) {
+  Options q = o;  // a probe writes nothing
+  q.log.clear();
+  q.save_dir.clear();
+  q.plot.clear();
+  const std::vector<std::string> candidates =
+      o.memory_budget.empty() ? std::vector<std::string>{o.checkpoint} : std::vector<std::string>{"none", "selective", "blocks"};
+  std::string chosen, report;
+  std::int64_t smallest = std::numeric_limits<std::int64_t>::max();
+  std::string smallest_name;
+  for (const auto& name : candidates) {
+    q.checkpoint = name;
+    tg::capture::MemoryPlan plan;
+    tg::amp::with_precision(q.precision, [&]<class P>() {
+      return tg::with_checkpointing(q.checkpoint, [&]<class C>() {
+        return q.device == "cuda" ? train<P, C, tg::cuda>(q, &plan) : train<P, C, tg::cpu>(q, &plan);
+      });
+    });
+    if (o.plan) std::printf("memory plan of one step (--checkpoint %s):\n%s", name.c_str(), plan.describe().c_str());
+    report += (report.empty() ? "" : ", ") + name + " " + tg::train::human_bytes(plan.peak_bytes());
+    if (plan.peak_bytes() < smallest) smallest = plan.peak_bytes(), smallest_name = name;
+    if (o.memory_budget.empty() || plan.peak_bytes() <= o.memory_budget_bytes) {
+      chosen = name;
+      break;
+    }
+  }
+  if (!o.memory_budget.empty()) {
+    if (chosen.empty())
+      throw tg::Error("--memory-budget ", o.memory_budget, " (", tg::train::human_bytes(o.memory_budget_bytes),
+                      "): no activation checkpointing fits it; the smallest planned peak is ", tg::train::human_bytes(smallest),
+                      " (--checkpoint ", smallest_name, "); raise the budget or lower --batch or --seq");
+    std::printf("memory budget %s: planned peaks %s: training with --checkpoint %s\n", tg::train::human_bytes(o.memory_budget_bytes).c_str(),
+                report.c_str(), chosen.c_str());
+    std::fflush(stdout);
+  }
+  o.checkpoint = chosen;
+}
+
+}  // namespace train_gpt
 
 int main(int argc, char** argv) {
   train_gpt::Options o;
@@ -126,6 +201,11 @@ int main(int argc, char** argv) {
     if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
       std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
+    if (o.plan && o.world > 1) throw tg::Error("--plan runs alone: start one process");
+    if (o.plan || !o.memory_budget.empty()) {  // Note [compiled steps in the trainer]
+      train_gpt::plan_memory(o);
+      if (o.plan) return 0;
+    }
     if (grid)
       return tg::amp::with_precision(o.precision, [&]<class P>() {
         return tg::with_checkpointing(o.checkpoint, [&]<class C>() { return train_gpt::train_parallel<P, C>(o); });

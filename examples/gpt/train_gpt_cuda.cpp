@@ -5,5 +5,5 @@
 #define TRAIN_GPT_LOOP_ONLY
 #include "train_gpt.cpp"
 
-#define TRAIN_GPT_GPU_RUN(P, C) template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&);
+#define TRAIN_GPT_GPU_RUN(P, C) template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&, tg::capture::MemoryPlan*);
 TRAIN_GPT_RUNS(TRAIN_GPT_GPU_RUN)

@@ -11,12 +11,14 @@ namespace {
 thread_local Tape t_root_tape;
 thread_local Tape* t_current = nullptr;
 thread_local bool t_grad_enabled = true;
+thread_local OpObserver* t_observer = nullptr;
 std::atomic<std::uint64_t> g_next_id{1};
 }  // namespace
 
 Tape& current_tape() { return t_current ? *t_current : t_root_tape; }
 TapeScope::TapeScope(Tape& tape) : previous_(t_current) { t_current = &tape; }
 TapeScope::~TapeScope() { t_current = previous_; }
+OpObserver*& op_observer() { return t_observer; }
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 std::uint64_t next_tensor_id() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
@@ -46,6 +48,7 @@ void Tape::backward_from(const Node& last, bool retain_graph) {
     GradModeOff() { t_grad_enabled = false; }
     ~GradModeOff() { t_grad_enabled = previous; }
   } grad_mode_off;
+  if (t_observer) t_observer->on_backward();
   std::vector<std::shared_ptr<Node>> ran;
   for (auto rit = nodes_.rbegin(); rit != nodes_.rend(); ++rit) {
     auto node = rit->lock();

@@ -74,6 +74,29 @@ ok shape --steps 1 "${C[@]}" --layers 1 --width 48 --heads 3
 grep -q "L=1 H=3 C=48" shape.out
 echo "2. --resume continues with identical losses; --init-from loads the weights; --offload trains and resumes alike; --layers/--width/--heads"
 
+# --compile (Note [compiled steps in the trainer]): bitwise the eager losses, with dropout and accumulation; it
+# resumes an eager run's checkpoint alike. --plan prints one step's plan and writes nothing; --memory-budget
+# picks a checkpointing or stops before step 1 naming the smallest planned peak.
+ok compiled --steps 4 "${C[@]}" --compile --log compiled.jsonl
+grep -q "compiled step: captured at step 1; its memory plan:" compiled.out
+grep -q "compile           1 capture(s), 3 replays" compiled.out
+diff <(losses fp32.jsonl) <(losses compiled.jsonl)
+ok compiled_bf16 --steps 3 "${C[@]}" --compile --precision bf16 --grad-accum 2 --dropout 0.1 --log compiled_bf16.jsonl
+ok eager_bf16 --steps 3 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1 --log eager_bf16.jsonl
+diff <(losses eager_bf16.jsonl) <(losses compiled_bf16.jsonl)
+ok compiled_resumed --steps 4 "${C[@]}" --compile --resume ck/ckpt-00000002.safetensors --log compiled_resumed.jsonl
+diff <(losses fp32.jsonl | sed -n '3,4p') <(losses compiled_resumed.jsonl)
+ok plan --steps 4 "${C[@]}" --plan --log plan.jsonl --save-dir plan_ck
+grep -q "memory plan of one step (--checkpoint none):" plan.out
+grep -q "activations kept for backward" plan.out
+[ ! -e plan.jsonl ] && [ ! -e plan_ck ] || { echo "FAIL: --plan wrote a log or a checkpoint"; exit 1; }
+ok budget --steps 2 "${C[@]}" --memory-budget 4G
+grep -q "memory budget 4.00 GiB: planned peaks none .*: training with --checkpoint none" budget.out
+fails small_budget "no activation checkpointing fits it; the smallest planned peak is .* \(--checkpoint [a-z]+\)" --steps 2 "${C[@]}" --memory-budget 64K
+fails budget_unit "unknown unit 'X'" --steps 1 --memory-budget 5X
+fails budget_and_checkpoint "give it without --checkpoint" --steps 1 --memory-budget 1G --checkpoint blocks
+echo "2b. --compile logs the eager losses bit for bit and resumes; --plan prints the plan; --memory-budget chooses or stops"
+
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.
 cp ck/ckpt-00000004.safetensors corrupt.safetensors
 size=$(stat -c %s corrupt.safetensors)

@@ -139,6 +139,7 @@ bool any_requires_grad(const Ins&... ins) {
 
 template <class Saved, class Fn, Element TO, Device DO, class... Ins>
 void record(const char* op, Tensor<TO, DO>& out, Saved saved, Fn fn, const Ins&... ins) {
+  if (OpObserver* o = op_observer()) o->on_op(op, out.shape(), dtype_traits<TO>::dtype);
   if (!any_requires_grad(ins...)) {
     // A checkpoint region's forward runs without recording but must learn whether to record itself.
     if (!region_stack().empty() && (... || ins.requires_grad())) region_note_requires_grad();

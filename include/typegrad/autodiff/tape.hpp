@@ -78,6 +78,17 @@ class Tape {
   std::size_t compact_at_ = 1024;
 };
 
+/// Sees every op that records itself (whether or not it is recorded: backward formulas and NoGrad code too)
+/// and the start of each backward walk, on the thread that installed it (tg::compile's guards).
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void on_op(const char* op, const Shape& output, DType dtype) = 0;
+  virtual void on_backward() {}
+};
+/// The calling thread's observer (null: none).
+OpObserver*& op_observer();
+
 /// The calling thread's current tape (the top of its stack of tapes).
 Tape& current_tape();
 /// Makes `tape` current on this thread until the guard dies (checkpoint recompute, compile capture).

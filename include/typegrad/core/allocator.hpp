@@ -64,6 +64,19 @@ class CachingHostAllocator final : public Allocator {
   AllocatorStats stats_;
 };
 
+/// Serves the calling thread's new storages on one device in place of that device's allocator while it is
+/// installed (tg::compile's step memory, Note [step memory plan]).
+class AllocationOverride {
+ public:
+  virtual ~AllocationOverride() = default;
+  /// Memory for a storage of `bytes`; sets `owner` to the allocator its deallocation is handed to.
+  virtual void* allocate(std::size_t bytes, Allocator*& owner) = 0;
+};
+namespace detail {
+/// The calling thread's override for `device` (null: none; set by capture::StepMemory's scope).
+AllocationOverride*& allocation_override(DeviceKind device);
+}  // namespace detail
+
 template <class D>
 Allocator& allocator();
 template <>

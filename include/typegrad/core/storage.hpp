@@ -39,6 +39,11 @@ class Storage {
 
   template <class D>
   static std::shared_ptr<Storage> allocate(std::size_t bytes) {
+    if (AllocationOverride* o = detail::allocation_override(device_traits<D>::kind)) {  // Note [step memory plan]
+      Allocator* owner = nullptr;
+      void* p = o->allocate(bytes, owner);
+      return std::make_shared<Storage>(p, bytes, owner);
+    }
     Allocator& a = allocator<D>();
     return std::make_shared<Storage>(a.allocate(bytes), bytes, &a);
   }

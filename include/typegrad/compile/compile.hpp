@@ -1,0 +1,305 @@
+// tg::compile: a training step captured once and replayed: its op sequence guarded, its memory planned into
+// one arena (no allocator calls in the steady state), recompiled for a new input signature.
+//   auto compiled = tg::compile([&](const tg::data::Batch& b) { return step.run(model, [&] { return b; }, gen); });
+//   for (...) { auto r = compiled(sampler.next()); }        // the first call captures, the next ones replay
+//   std::puts(compiled.memory_plan().describe().c_str());   // weights, activations, temporaries, peak
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "typegrad/autodiff/tape.hpp"
+#include "typegrad/compile/step_memory.hpp"
+#include "typegrad/core/allocator.hpp"
+#include "typegrad/core/error.hpp"
+#include "typegrad/core/tensor.hpp"
+#include "typegrad/optim/param.hpp"
+
+namespace tg {
+
+// Note [compiled steps]
+// compile(fn) wraps a step function (forward, loss, backward and the optimizer's boundary, as
+// train::TrainStep::run does them) into a CompiledStep. Each call computes the input signature from its
+// arguments (each tensor's dtype, shape and device; a batch's inputs and targets; vectors element by element;
+// anything else, such as a number, a generator or a callable, is not part of it) and keeps
+// one variant per signature (a small cache; a new signature is reported on stderr once).
+//   * Capture: a variant's first call runs fn eagerly under a tracer: every op that records itself (the
+//     forward, the backward formulas, checkpoint recomputes) is kept with its output's shape and dtype, and
+//     every allocation on the device is traced and planned (Note [step memory plan]).
+//   * Replay: later calls run fn with the op sequence checked op by op against the captured one (a step
+//     whose ops depend on data, an `if` on loss.item(), is an error naming the first op that differs, raised
+//     before that op runs) and every allocation served from the plan's arena: in the steady state a step
+//     makes no allocator call, and its peak is the plan's. A replay whose allocations leave the plan (an
+//     fp16 step the scaler skips makes no optimizer temporaries) is still served safely (by the device's
+//     allocator) and the next call captures again; after kMaxRetraces such replays in a row the variant
+//     runs eagerly, said once on stderr.
+//   * The parameters given to set_parameters() are part of the guard: a parameter replaced or reshaped
+//     captures every variant again.
+// The replay runs the same kernels in the same order as the eager step, so its results are the eager step's
+// bit for bit. Fusion rewrites and CUDA graphs build on the capture; they are not done yet (docs/compile.md).
+
+namespace capture {
+/// One op the capture saw: its name, its output's shape and dtype.
+struct OpRecord {
+  std::string op;
+  Shape shape;
+  DType dtype;
+};
+
+/// The op observer of a capture (records) or a replay (checks against the record).
+class OpSequence final : public autodiff::OpObserver {
+ public:
+  OpSequence(std::vector<OpRecord>& ops, bool record, StepMemory* memory) : ops_(&ops), record_(record), memory_(memory) {
+    if (record_) ops_->clear();
+  }
+  void on_op(const char* op, const Shape& output, DType dtype) override {
+    if (record_) {
+      ops_->push_back({op, output, dtype});
+      return;
+    }
+    if (at_ >= ops_->size())
+      throw Error("tg::compile: the step ran more ops than the captured step (", ops_->size(), "); op ", at_, " is '", op, "' ", output,
+                  ": its ops depend on its data (an if on a tensor's value?), so it cannot be replayed; run it without compile");
+    const OpRecord& r = (*ops_)[at_];
+    if (r.op != op || r.shape != output || r.dtype != dtype)
+      throw Error("tg::compile: op ", at_, " of the step is '", op, "' ", output, " ", dtype_name(dtype), " where the captured step ran '", r.op,
+                  "' ", r.shape, " ", dtype_name(r.dtype),
+                  ": its ops depend on its data (an if on a tensor's value?), so it cannot be replayed; run it without compile");
+    ++at_;
+  }
+  void on_backward() override {
+    if (record_ && memory_) memory_->mark_backward();
+  }
+  /// Checks, after a replay, that the step ran every captured op.
+  void finish() const {
+    if (!record_ && at_ != ops_->size())
+      throw Error("tg::compile: the step ran ", at_, " ops, the captured step ", ops_->size(), " (the next one was '", (*ops_)[at_].op,
+                  "'): its ops depend on its data, so it cannot be replayed; run it without compile");
+  }
+
+ private:
+  std::vector<OpRecord>* ops_;
+  bool record_;
+  StepMemory* memory_;
+  std::size_t at_ = 0;
+};
+
+/// Installs an op observer on the calling thread for the scope (restoring the previous one).
+class ObserverScope {
+ public:
+  explicit ObserverScope(autodiff::OpObserver& o) : previous_(autodiff::op_observer()) { autodiff::op_observer() = &o; }
+  ~ObserverScope() { autodiff::op_observer() = previous_; }
+  ObserverScope(const ObserverScope&) = delete;
+  ObserverScope& operator=(const ObserverScope&) = delete;
+
+ private:
+  autodiff::OpObserver* previous_;
+};
+
+// ---- the input signature (Note [compiled steps]) ------------------------------------------------------
+template <class X>
+void signature(std::ostringstream&, const X&) {}  // not part of the signature (generators, callables, models)
+template <Element T, Device D>
+void signature(std::ostringstream& s, const Tensor<T, D>& t) {
+  s << dtype_traits<T>::name << t.shape() << device_traits<D>::name << ';';
+}
+template <class B>
+  requires requires(const B& b) {
+    b.inputs.shape();
+    b.targets.shape();
+  }
+void signature(std::ostringstream& s, const B& b) {
+  s << "batch(";
+  signature(s, b.inputs);
+  signature(s, b.targets);
+  s << ");";
+}
+template <class X>
+void signature(std::ostringstream& s, const std::vector<X>& v) {
+  s << '[' << v.size() << ':';
+  for (const auto& x : v) signature(s, x);
+  s << ']';
+}
+}  // namespace capture
+
+/// Options of compile().
+struct CompileOptions {
+  std::size_t cache_size = 8;  ///< signatures kept (the least recently used is dropped)
+  bool verbose = true;         ///< report new signatures and eager fallbacks on stderr
+};
+
+/// A step function captured and replayed (Note [compiled steps]); made by compile(). D: the device whose
+/// allocations are planned.
+template <class Fn, Device D = cpu>
+class CompiledStep {
+ public:
+  static constexpr int kMaxRetraces = 3;
+
+  explicit CompiledStep(Fn fn, CompileOptions options = {}) : fn_(std::move(fn)), options_(options) {}
+  ~CompiledStep() {
+    for (auto& v : variants_) v->memory->retire();
+  }
+  CompiledStep(const CompiledStep&) = delete;
+  CompiledStep& operator=(const CompiledStep&) = delete;
+
+  /// The parameters whose identity (storage and shape) is part of the guard, and whose bytes the plan
+  /// reports as weights.
+  void set_parameters(const std::vector<optim::BasicParam<D>>& params) {
+    params_.clear();
+    weight_bytes_ = 0;
+    for (const auto& p : params) {
+      params_.emplace_back(static_cast<const void*>(p.tensor.data()), p.tensor.shape());
+      weight_bytes_ += static_cast<std::int64_t>(p.tensor.nbytes());
+    }
+    for (auto& v : variants_) v->memory->set_weight_bytes(weight_bytes_);
+    parameters_ = params;
+  }
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    check_parameters();
+    std::ostringstream sig;
+    (capture::signature(sig, args), ...);
+    Variant& v = variant_for(sig.str());
+    last_ = &v;
+    using R = std::invoke_result_t<Fn&, Args&&...>;
+    if (v.eager) return fn_(std::forward<Args>(args)...);
+    const bool capture = !v.memory->has_plan() || v.retrace;
+    capture::OpSequence ops(v.ops, capture, v.memory);
+    if (capture) v.memory->begin_trace();
+    else v.memory->begin_replay();
+    auto finish = [&](bool threw) {
+      if (capture) {
+        v.plan = v.memory->end_trace();
+        v.retrace = false;
+        ++traces_;
+        return;
+      }
+      last_replay_ = v.memory->end_replay();
+      ++replays_;
+      if (threw) return;
+      if (!last_replay_.ok) {
+        v.retrace = true;
+        if (++v.divergences >= kMaxRetraces) {
+          v.eager = true;
+          if (options_.verbose)
+            std::fprintf(stderr, "tg::compile: the step's allocations left the plan %d times in a row (%s): it runs eagerly from now on\n",
+                         kMaxRetraces, last_replay_.divergence.c_str());
+        }
+      } else {
+        v.divergences = 0;
+      }
+    };
+    try {
+      if constexpr (std::is_void_v<R>) {
+        {
+          capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);
+          capture::ObserverScope obs(ops);
+          fn_(std::forward<Args>(args)...);
+        }
+        finish(false);
+        ops.finish();
+      } else {
+        R r = [&]() -> R {
+          capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);
+          capture::ObserverScope obs(ops);
+          return fn_(std::forward<Args>(args)...);
+        }();
+        finish(false);
+        ops.finish();
+        return r;
+      }
+    } catch (...) {
+      if (v.memory->tracing_or_replaying()) finish(true);
+      v.retrace = true;
+      throw;
+    }
+  }
+
+  /// The memory plan of the signature used last (Note [step memory plan]); empty before the first call.
+  const capture::MemoryPlan& memory_plan() const {
+    static const capture::MemoryPlan none{};
+    return last_ ? last_->plan : none;
+  }
+  /// How the last replay went (ok, requests served, the first divergence).
+  const capture::ReplayResult& last_replay() const { return last_replay_; }
+  std::int64_t captures() const { return traces_; }
+  std::int64_t replays() const { return replays_; }
+  std::size_t variants() const { return variants_.size(); }
+  /// Whether the signature used last runs eagerly (its allocations kept leaving the plan).
+  bool eager() const { return last_ && last_->eager; }
+  /// The ops the signature used last captured.
+  const std::vector<capture::OpRecord>& ops() const {
+    static const std::vector<capture::OpRecord> none;
+    return last_ ? last_->ops : none;
+  }
+
+ private:
+  struct Variant {
+    std::string signature;
+    capture::StepMemory* memory = nullptr;
+    capture::MemoryPlan plan;
+    std::vector<capture::OpRecord> ops;
+    bool retrace = false, eager = false;
+    int divergences = 0;
+  };
+  Variant& variant_for(const std::string& sig) {
+    for (std::size_t i = 0; i < variants_.size(); ++i)
+      if (variants_[i]->signature == sig) {
+        std::rotate(variants_.begin(), variants_.begin() + static_cast<std::ptrdiff_t>(i), variants_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        return *variants_.front();
+      }
+    if (!variants_.empty() && options_.verbose)
+      std::fprintf(stderr, "tg::compile: a new input signature (%s): capturing it (%zu signatures compiled before)\n", sig.c_str(), variants_.size());
+    if (variants_.size() >= std::max<std::size_t>(1, options_.cache_size)) {
+      variants_.back()->memory->retire();
+      variants_.pop_back();
+    }
+    auto v = std::make_unique<Variant>();
+    v->signature = sig;
+    v->memory = capture::StepMemory::create(allocator<D>(), device_traits<D>::kind);
+    v->memory->set_weight_bytes(weight_bytes_);
+    variants_.insert(variants_.begin(), std::move(v));
+    last_ = nullptr;
+    return *variants_.front();
+  }
+  void check_parameters() {
+    if (params_.empty()) return;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& t = parameters_[i].tensor;
+      if (static_cast<const void*>(t.data()) != params_[i].first || t.shape() != params_[i].second) {
+        if (options_.verbose)
+          std::fprintf(stderr, "tg::compile: parameter '%s' was replaced or reshaped: capturing again\n", parameters_[i].name.c_str());
+        for (auto& v : variants_) v->retrace = true;
+        set_parameters(parameters_);
+        return;
+      }
+    }
+  }
+
+  Fn fn_;
+  CompileOptions options_;
+  std::vector<std::unique_ptr<Variant>> variants_;  // most recently used first
+  Variant* last_ = nullptr;
+  capture::ReplayResult last_replay_;
+  std::int64_t traces_ = 0, replays_ = 0, weight_bytes_ = 0;
+  std::vector<std::pair<const void*, Shape>> params_;
+  std::vector<optim::BasicParam<D>> parameters_;
+};
+
+/// Captures `fn` on its first call and replays it on the next ones (Note [compiled steps]).
+template <Device D = cpu, class Fn>
+CompiledStep<std::decay_t<Fn>, D> compile(Fn&& fn, CompileOptions options = {}) {
+  return CompiledStep<std::decay_t<Fn>, D>(std::forward<Fn>(fn), options);
+}
+
+}  // namespace tg
