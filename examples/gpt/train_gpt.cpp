@@ -66,14 +66,21 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   s.template print_header<decltype(step)>();
   s.validate(0);
   const auto started = tg::train::Clock::now();
+  std::int64_t compiled_peak = 0;  // --compile: the most device memory a replayed step used (its allocator's peak)
   for (std::int64_t k = s.start_step + 1; k <= o.steps; ++k) {
     const auto t0 = tg::train::Clock::now();
+    if (o.compile) {  // the step's own peak (the run's is kept for the summary)
+      s.earlier_peak = std::max(s.earlier_peak, tg::allocator<D>().stats().peak_bytes);
+      tg::allocator<D>().reset_peak();
+    }
     tg::train::StepResult r;
     try {
       r = o.compile ? compiled() : run_step();
     } catch (const tg::optim::NonFiniteStep& e) {
       throw s.stopped_at(k, e);  // nothing applied; --on-nonfinite skip would have skipped the step
     }
+    if (o.compile && k > s.start_step + 1) compiled_peak = std::max(compiled_peak, tg::allocator<D>().stats().peak_bytes);
+    if (o.compile) s.earlier_peak = std::max(s.earlier_peak, tg::allocator<D>().stats().peak_bytes);
     if (o.compile && k == s.start_step + 1 && o.rank == 0)
       std::printf("compiled step: captured at step %lld; its memory plan:\n%s", (long long)k, compiled.memory_plan().describe().c_str());
     if (s.prune && s.prune->update(k)) step.refresh_weights();  // the schedule's mask update after step k
@@ -92,9 +99,10 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   }
   s.finish(clock, started);  // the final sample, the summary, --plot
   if (o.compile) {
-    std::printf("  compile           %lld capture(s), %lld replays%s; planned peak %s\n", (long long)compiled.captures(),
-                (long long)compiled.replays(), compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
-                tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str());
+    std::printf("  compile           %lld capture(s), %lld replays%s; planned peak %s, measured peak of the replayed steps %s\n",
+                (long long)compiled.captures(), (long long)compiled.replays(),
+                compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
+                tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str(), tg::train::human_bytes(compiled_peak).c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -435,6 +435,7 @@ class Session {
   std::int64_t tokens_done = 0, nonfinite_skipped = 0;  // steps skipped under --on-nonfinite skip (the run's total)
   std::int64_t trained_positions = o.seq;               // Note [trained positions]
   std::int64_t start_step = 0;
+  std::int64_t earlier_peak = 0;  // the allocator's peak before a reset_peak() (--compile measures each step)
   double comm_wait_total = 0, comm_wait_step = 0;  // --dist: seconds blocked on communication (run, last step)
 
  private:
@@ -695,7 +696,7 @@ void Session<D>::finish(const tg::train::RunClock& clock, tg::train::Clock::time
   if (dp)
     std::printf("  communication     %d ranks (%s), %.1f ms/step waited on reductions and gathers (%.1f%% of the step time)\n", o.world,
                 o.dist.c_str(), comm_wait_total / static_cast<double>(steps_run) * 1e3, 100 * comm_wait_total / std::max(train_time, 1e-9));
-  std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(mem.peak_bytes).c_str(),
+  std::printf("  memory            peak %s, reserved %s, %lld system allocations\n", human_bytes(std::max(mem.peak_bytes, earlier_peak)).c_str(),
               human_bytes(mem.bytes_reserved).c_str(), (long long)mem.system_allocations);
   std::printf("  wall time         %s\n", human_time(seconds_since(started)).c_str());
   if (!o.log.empty()) std::printf("  log               %s\n", o.log.c_str());
