@@ -162,13 +162,19 @@ TEST(Compile, ThePlanPredictsThePeak) {
               100 * eager_rel, (long long)p.arena_bytes, (long long)p.max_live_bytes, (long long)p.activation_bytes, p.describe().c_str());
 }
 
-TEST(Compile, ANewSignatureIsCapturedAgain) {
-  tg::Generator init(3), drop(4);
-  tg::nn::GPT model(config(0.f), init);
-  const auto ps = model.named_parameters();
-  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {});
+/// A model, its AdamW and its fp32 training step, for the tests that call TrainStep::run themselves.
+struct Trainer {
+  tg::Generator init{3}, drop{4};
+  tg::nn::GPT model{config(0.f), init};
+  std::vector<tg::optim::Param> ps = model.named_parameters();
+  tg::optim::AdamW opt{tg::optim::default_groups(ps, 0.1f), {}};
   tg::optim::Schedule sched = tg::optim::Constant{1e-3f};
-  tg::train::TrainStep<tg::amp::fp32_policy> step(ps, opt, sched, {});
+  tg::train::TrainStep<tg::amp::fp32_policy> step{ps, opt, sched, {}};
+};
+
+TEST(Compile, ANewSignatureIsCapturedAgain) {
+  Trainer t;
+  auto& [init, drop, model, ps, opt, sched, step] = t;
   auto c = tg::compile([&](const tg::data::Batch& b) { return step.run(model, [&] { return b; }, drop); });
   c(batch(0, 12));
   c(batch(1, 12));
@@ -185,12 +191,8 @@ TEST(Compile, ANewSignatureIsCapturedAgain) {
 }
 
 TEST(Compile, DataDependentControlFlowIsAnError) {
-  tg::Generator init(3), drop(4);
-  tg::nn::GPT model(config(0.f), init);
-  const auto ps = model.named_parameters();
-  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {});
-  tg::optim::Schedule sched = tg::optim::Constant{1e-3f};
-  tg::train::TrainStep<tg::amp::fp32_policy> step(ps, opt, sched, {});
+  Trainer t;
+  auto& [init, drop, model, ps, opt, sched, step] = t;
   int calls = 0;
   auto c = tg::compile([&](const tg::data::Batch& b) {
     ++calls;
