@@ -559,9 +559,10 @@ std::string resolve_resume(const std::string& dir_or_file) { return choose_resum
 
 // ---- the model's shape ------------------------------------------------------------------------------
 std::string gpt_config_json(const nn::GPTConfig& c) {
-  return json{{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
-              {"n_head", c.n_head},         {"n_embd", c.n_embd},         {"dropout", c.dropout}}
-      .dump();
+  json j{{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
+         {"n_head", c.n_head},         {"n_embd", c.n_embd},         {"dropout", c.dropout}};
+  if (c.vocab_multiple != 1) j["vocab_multiple"] = c.vocab_multiple;  // Note [padded vocabulary]: storage only
+  return j.dump();
 }
 
 nn::GPTConfig gpt_config_from_json(std::string_view text, const std::string& origin) {
@@ -589,6 +590,7 @@ nn::GPTConfig gpt_config_from_json(std::string_view text, const std::string& ori
     if (!it->is_number()) throw Error(origin, ": the model description's 'dropout' must be a number, got ", it->dump());
     c.dropout = it->get<float>();
   }
+  if (j.contains("vocab_multiple")) c.vocab_multiple = count("vocab_multiple");
   try {
     c.validate();
   } catch (const Error& e) {

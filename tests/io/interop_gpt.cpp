@@ -1,7 +1,9 @@
 // tg_safetensors_interop: typegrad's side of safetensors_interop.py (PyTorch interop both ways).
 //   tg_safetensors_interop save   V C H T L seed weights.safetensors io.safetensors   # random GPT: weights, idx, logits
 //   tg_safetensors_interop logits V C H T L weights.safetensors io.safetensors out.safetensors  # load, run idx
+// TG_INTEROP_VOCAB_MULTIPLE=16 stores the model's embedding rows padded to a multiple of 16.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,6 +20,8 @@ tg::nn::GPTConfig config_from(char** a) {
   c.n_head = std::stoll(a[2]);
   c.block_size = std::stoll(a[3]);
   c.n_layer = std::stoll(a[4]);
+  // Note [padded vocabulary]: the embedding's rows stored padded (the files hold the real rows either way).
+  if (const char* m = std::getenv("TG_INTEROP_VOCAB_MULTIPLE")) c.vocab_multiple = std::stoll(m);
   return c;
 }
 

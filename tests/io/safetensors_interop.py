@@ -9,6 +9,8 @@
    compares the logits.
 2. This script writes random GPT weights from PyTorch with its own writer, once as F32 and once as BF16,
    typegrad loads them and computes logits, which must match PyTorch's on the same (rounded) weights.
+Both run twice: as is, and with typegrad storing the token embedding's 61 rows padded to 64
+(TG_INTEROP_VOCAB_MULTIPLE=16, Note [padded vocabulary]): the files hold the real shapes either way.
 Exits 77 (CTest's skip code) when torch cannot be imported.
 """
 import argparse
@@ -117,20 +119,15 @@ def compare(name, got, want):
     return ok
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tool", required=True)
-    ap.add_argument("--work", required=True)
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    torch.set_num_threads(1)
-    assert crc32c(b"123456789") == 0xE3069283
+def check(a, multiple):
+    """Both directions with typegrad's embedding rows stored padded to `multiple` (the files hold V rows either way)."""
     ok = True
-
+    sfx = "_m%d" % multiple
     # 1. typegrad -> PyTorch
-    w_tg, io_tg = os.path.join(a.work, "tg_weights.safetensors"), os.path.join(a.work, "tg_io.safetensors")
+    w_tg, io_tg = os.path.join(a.work, "tg_weights%s.safetensors" % sfx), os.path.join(a.work, "tg_io%s.safetensors" % sfx)
     subprocess.run([a.tool, "save"] + cfg_args() + ["1234", w_tg, io_tg], check=True)
     P, meta, raw = st_read(w_tg)
+    assert tuple(P["wte.weight"].shape) == (CFG["V"], CFG["C"]), "wte must be stored with the real vocabulary's rows"
     sums = json.loads(meta["tg.crc32c"])
     assert set(sums) == set(P), "checksums do not cover every tensor"
     for name, buf in raw.items():
@@ -157,7 +154,7 @@ def main():
         gain = ".ln_" in "." + name and name.endswith(".weight")
         W[name] = (1.0 if gain else 0.0) + 0.2 * torch.randn(shape, generator=g)
     idx = torch.randint(0, V, (2, T), generator=g)
-    io_py = os.path.join(a.work, "py_io.safetensors")
+    io_py = os.path.join(a.work, "py_io%s.safetensors" % sfx)
     st_write(io_py, {})  # placeholder overwritten below (keeps the writer honest about empty files)
     with open(io_py, "rb") as f:
         assert f.read() == struct.pack("<Q", 8) + b"{}      "
@@ -176,6 +173,23 @@ def main():
         Wr = {k: v.to(torch.bfloat16).to(torch.float32) if bf16 else v for k, v in W.items()}
         want = reference_gpt_logits(Wr, idx, L, CFG["H"])
         ok &= compare("PyTorch %s weights -> typegrad logits" % ("BF16" if bf16 else "F32"), got["logits"], want)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    torch.set_num_threads(1)
+    assert crc32c(b"123456789") == 0xE3069283
+    ok = True
+
+    for multiple in (1, 16):  # 16: typegrad stores wte's 61 rows padded to 64 (Note [padded vocabulary])
+        os.environ["TG_INTEROP_VOCAB_MULTIPLE"] = str(multiple)
+        print("vocab_multiple %d:" % multiple)
+        ok &= check(a, multiple)
     print("safetensors_interop: %s" % ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

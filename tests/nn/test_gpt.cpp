@@ -3,8 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
+#include "nn/gpt_test_util.hpp"
+
+#include <typegrad/io/model_config.hpp>
+#include <typegrad/io/safetensors.hpp>
+#include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -139,3 +145,101 @@ TEST(GPT, TinyModelLearnsARepeatingText) {
 }
 
 }  // namespace
+
+// Note [padded vocabulary]: a GPT whose embedding rows are stored padded (V = 50 in 64 rows) is the unpadded
+// GPT: the same parameters (real shapes), logits, loss, gradients and training; the stored rows past V stay
+// zero; its checkpoints hold the real shapes and load into either model; the device copy keeps the padding.
+namespace {
+tg::nn::GPTConfig padded_config(std::int64_t multiple) {
+  tg::nn::GPTConfig c{50, 16, 2, 2, 32, 0.f};
+  c.vocab_multiple = multiple;
+  return c;
+}
+}  // namespace
+
+TEST(PaddedVocabulary, SameParametersLogitsLossAndGradients) {
+  tg::Generator g1(5), g2(5);
+  const tg::nn::GPT plain(padded_config(1), g1), padded(padded_config(64), g2);
+  EXPECT_EQ(padded.config().padded_vocab(), 64);
+  const auto pp = plain.named_parameters(), qp = padded.named_parameters();
+  ASSERT_EQ(pp.size(), qp.size());
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    EXPECT_EQ(pp[i].tensor.shape(), qp[i].tensor.shape()) << pp[i].name;
+    EXPECT_EQ(pp[i].tensor.to_vector(), qp[i].tensor.to_vector()) << pp[i].name;
+  }
+  EXPECT_EQ(tg::nn::stored_rows(qp[0].tensor), 64);
+  EXPECT_EQ(tg::nn::stored_rows(pp[0].tensor), 50);
+  const auto idx = tg::testing::random_tokens(3, 12, 50, 1), tgt = tg::testing::random_tokens(3, 12, 50, 2);
+  const auto a = plain.forward<float>(idx), b = padded.forward<float>(idx);
+  ASSERT_EQ(b.shape(), (tg::Shape{3, 12, 50}));
+  const auto av = a.contiguous().to_vector(), bv = b.contiguous().to_vector();
+  for (std::size_t i = 0; i < av.size(); ++i) EXPECT_NEAR(av[i], bv[i], 1e-6f * (1 + std::abs(av[i]))) << i;
+  tg::Generator unused(0);
+  const auto la = tg::cross_entropy(plain.forward<float>(idx, unused, true), tgt), lb = tg::cross_entropy(padded.forward<float>(idx, unused, true), tgt);
+  EXPECT_NEAR(la.item(), lb.item(), 1e-6);
+  la.backward();
+  lb.backward();
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    ASSERT_EQ(qp[i].tensor.grad().shape(), pp[i].tensor.shape()) << pp[i].name;
+    const auto ga = pp[i].tensor.grad().to_vector(), gb = qp[i].tensor.grad().to_vector();
+    double num = 0, den = 0;
+    for (std::size_t k = 0; k < ga.size(); ++k) {
+      num += (static_cast<double>(ga[k]) - gb[k]) * (static_cast<double>(ga[k]) - gb[k]);
+      den += static_cast<double>(ga[k]) * ga[k];
+    }
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-6) << pp[i].name;
+  }
+}
+
+TEST(PaddedVocabulary, TrainsLikeTheUnpaddedModelAndKeepsItsZeroRows) {
+  auto train = [](std::int64_t multiple) {
+    tg::Generator g(5), drop(6);
+    tg::nn::GPT model(padded_config(multiple), g);
+    const auto ps = model.named_parameters();
+    tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f});
+    for (int s = 0; s < 10; ++s) {
+      const auto idx = tg::testing::random_tokens(2, 12, 50, 10 + 2 * s), tgt = tg::testing::random_tokens(2, 12, 50, 11 + 2 * s);
+      tg::cross_entropy(model.forward<float>(idx, drop, true), tgt).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+    return model;
+  };
+  const tg::nn::GPT plain = train(1), padded = train(64);
+  const auto pp = plain.named_parameters(), qp = padded.named_parameters();
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    const auto a = pp[i].tensor.to_vector(), b = qp[i].tensor.to_vector();
+    for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-5f) << pp[i].name << " " << k;
+  }
+  // The stored rows past V: still zero.
+  const auto& w = qp[0].tensor;
+  const float* tail = w.data() + 50 * 32;
+  for (std::int64_t k = 0; k < 14 * 32; ++k) ASSERT_EQ(tail[k], 0.f) << k;
+}
+
+TEST(PaddedVocabulary, CheckpointsHoldTheRealShapes) {
+  tg::Generator g(5), g2(9), g3(11);
+  const tg::nn::GPT padded(padded_config(64), g);
+  const std::string path = ::testing::TempDir() + "/padded_vocab.safetensors";
+  tg::io::save_weights(path, padded.named_parameters());
+  const auto file = tg::io::SafetensorsReader::open(path);
+  EXPECT_EQ(file.info("wte.weight").shape, (tg::Shape{50, 32}));  // GPT-2's names and shapes: PyTorch reads it as before
+  // It loads into an unpadded model and into another padded one.
+  const tg::nn::GPT plain(padded_config(1), g2), other(padded_config(64), g3);
+  tg::io::load_weights(path, plain.named_parameters());
+  tg::io::load_weights(path, other.named_parameters());
+  EXPECT_EQ(plain.named_parameters()[0].tensor.to_vector(), padded.named_parameters()[0].tensor.to_vector());
+  EXPECT_EQ(other.named_parameters()[0].tensor.to_vector(), padded.named_parameters()[0].tensor.to_vector());
+  EXPECT_EQ(tg::nn::stored_rows(other.named_parameters()[0].tensor), 64);
+  const auto cfg = tg::io::gpt_config_from_json(tg::io::gpt_config_json(padded.config()), "test");
+  EXPECT_EQ(cfg.vocab_multiple, 64);
+  EXPECT_EQ(tg::io::gpt_config_json(tg::nn::GPTConfig{}).find("vocab_multiple"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(PaddedVocabulary, Gpt2PresetPadsItsTokenizersVocabulary) {
+  const auto c = tg::nn::GPTConfig::preset("gpt2", 50257);
+  EXPECT_EQ(c.vocab_size, 50257);
+  EXPECT_EQ(c.padded_vocab(), 50304);
+  EXPECT_EQ(tg::nn::GPTConfig::preset("tiny").padded_vocab(), 256);
+}

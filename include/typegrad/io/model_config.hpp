@@ -11,7 +11,8 @@
 
 namespace tg::io {
 
-/// {"vocab_size":..,"block_size":..,"n_layer":..,"n_head":..,"n_embd":..,"dropout":..}
+/// {"vocab_size":..,"block_size":..,"n_layer":..,"n_head":..,"n_embd":..,"dropout":..}, and "vocab_multiple" when
+/// the embedding's rows are stored padded (Note [padded vocabulary]; absent: 1).
 std::string gpt_config_json(const nn::GPTConfig& c);
 /// The inverse; every field must be present and valid (GPTConfig::validate), else an error naming `origin`.
 nn::GPTConfig gpt_config_from_json(std::string_view json, const std::string& origin);

@@ -12,6 +12,7 @@
 #include "typegrad/nn/layers.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/dropout.hpp"
+#include "typegrad/ops/padded_rows.hpp"
 #include "typegrad/ops/linear_gelu.hpp"
 #include "typegrad/ops/unary.hpp"
 
@@ -24,10 +25,15 @@ struct GPTConfig {
   std::int64_t n_head = 4;
   std::int64_t n_embd = 128;
   float dropout = 0.0f;
+  /// The token embedding's rows are stored padded to a multiple of this (Note [padded vocabulary]); 1: none.
+  std::int64_t vocab_multiple = 1;
+
+  /// The rows the token embedding is stored with: vocab_size rounded up to a multiple of vocab_multiple.
+  std::int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
 
   /// Presets: "tiny" (~1M parameters with a byte vocabulary), "small" (~10M), "gpt2" (124M, GPT-2 small:
-  /// L=12, H=12, C=768, T=1024, vocabulary 50257 padded to 50304). `vocab` overrides the vocabulary
-  /// (0 keeps the preset's: 256 for tiny/small, 50304 for gpt2).
+  /// L=12, H=12, C=768, T=1024, vocabulary 50257 padded to 50304; rows stored padded to a multiple of 128).
+  /// `vocab` overrides the vocabulary (0 keeps the preset's: 256 for tiny/small, 50304 for gpt2).
   static GPTConfig preset(const std::string& name, std::int64_t vocab = 0) {
     GPTConfig c;
     if (name == "tiny") {
@@ -36,6 +42,7 @@ struct GPTConfig {
       c = {256, 256, 6, 6, 384, 0.0f};
     } else if (name == "gpt2") {
       c = {50304, 1024, 12, 12, 768, 0.0f};
+      c.vocab_multiple = 128;  // GPT-2's tokenizer (50257) trains on 50304 stored rows: aligned LM-head GEMMs
     } else {
       throw Error("GPTConfig::preset: unknown model '", name, "' (expected tiny, small or gpt2)");
     }
@@ -46,6 +53,7 @@ struct GPTConfig {
     TG_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd ", n_embd, " is not divisible by n_head ", n_head);
     TG_CHECK(vocab_size > 0 && block_size > 0 && n_layer > 0, "GPTConfig: sizes must be positive");
     TG_CHECK(dropout >= 0.f && dropout < 1.f, "GPTConfig: dropout must be in [0, 1), got ", dropout);
+    TG_CHECK(vocab_multiple >= 1 && vocab_multiple <= 65536, "GPTConfig: vocab_multiple must be in [1, 65536], got ", vocab_multiple);
   }
 };
 
@@ -158,7 +166,7 @@ class BasicGPT {
  public:
   BasicGPT(const GPTConfig& config, Generator& gen) : config_(config) {
     config_.validate();
-    wte_ = BasicEmbedding<D>(config.vocab_size, config.n_embd, gen);
+    wte_ = BasicEmbedding<D>(config.vocab_size, config.n_embd, gen, 0.02f, config.padded_vocab());  // Note [padded vocabulary]
     wpe_ = BasicEmbedding<D>(config.block_size, config.n_embd, gen);
     for (std::int64_t i = 0; i < config.n_layer; ++i) blocks_.emplace_back(config_, gen);
     ln_f_ = BasicLayerNorm<D>(config.n_embd);
@@ -183,7 +191,12 @@ class BasicGPT {
     x = dropout(x, config_.dropout, dropout_gen, training);
     for (const BasicBlock<D>& b : blocks_) x = checkpointed<C>(b, x, dropout_gen, training);
     x = ln_f_.forward(x);
-    return linear(x, amp::param_as<T>(wte_.weight()));  // tied LM head: logits = x·wteᵀ
+    const Tensor<T, D> head = amp::param_as<T>(wte_.weight());  // tied LM head: logits = x·wteᵀ
+    const std::int64_t V = config_.vocab_size, P = config_.padded_vocab();
+    if (P == V) return linear(x, head);
+    // Note [padded vocabulary]: the GEMM on P rows (the fp32 master's own padded storage, or a zero-padded 16-bit
+    // copy), the logits narrowed to the real vocabulary.
+    return linear(x, padded_rows(head, P, /*storage_tail_is_zero=*/true)).narrow(2, 0, V);
   }
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx) const {

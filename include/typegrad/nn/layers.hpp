@@ -53,10 +53,12 @@ template <Device D = cpu>
 class BasicEmbedding {
  public:
   BasicEmbedding() = default;
-  BasicEmbedding(std::int64_t num, std::int64_t dim, Generator& gen, float init_std = 0.02f)
-      : weight_(normal_parameter<D>({num, dim}, init_std, gen)) {}
+  /// `stored_rows` > num: the rows are stored padded with zero rows to that many (Note [padded vocabulary]); the
+  /// parameter is the num x dim view, drawn as without padding.
+  BasicEmbedding(std::int64_t num, std::int64_t dim, Generator& gen, float init_std = 0.02f, std::int64_t stored_rows = 0)
+      : weight_(padded_parameter<D>(Tensor<fp32>::normal({num, dim}, 0.f, init_std, gen), stored_rows)) {}
   template <Device S>
-  explicit BasicEmbedding(const BasicEmbedding<S>& other) : weight_(parameter_on<D>(other.weight())) {}
+  explicit BasicEmbedding(const BasicEmbedding<S>& other) : weight_(padded_parameter<D>(other.weight(), nn::stored_rows(other.weight()))) {}
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx) const {
     return embedding(amp::param_as<T>(weight_), idx);

@@ -43,6 +43,27 @@ Tensor<fp32, D> parameter_on(const Tensor<fp32, S>& src) {
   return t;
 }
 
+/// A trainable (rows, cols) copy of `src` on D whose storage holds `stored_rows` rows, the ones past `rows` zero
+/// (Note [padded vocabulary]): the parameter is the leading rows' view (contiguous); `stored_rows` <= rows: no
+/// padding (parameter_on).
+template <Device D, Device S>
+Tensor<fp32, D> padded_parameter(const Tensor<fp32, S>& src, std::int64_t stored_rows) {
+  if (!src.defined() || stored_rows <= src.size(0)) return parameter_on<D>(src);
+  TG_CHECK(src.dim() == 2, "padded_parameter: a matrix is padded by rows, got ", src.shape());
+  Tensor<fp32, D> full = Tensor<fp32, D>::zeros({stored_rows, src.size(1)});
+  tg::detail::copy_tensor(src.detach().template to<D>().detach(), full.narrow(0, 0, src.size(0)).detach());
+  Tensor<fp32, D> t = full.narrow(0, 0, src.size(0)).detach();
+  t.requires_grad_();
+  return t;
+}
+/// The rows a matrix's storage holds from its first element (more than its rows when stored padded).
+template <Element T, Device D>
+std::int64_t stored_rows(const Tensor<T, D>& t) {
+  if (!t.defined() || t.dim() != 2 || !t.storage() || t.size(1) == 0) return t.defined() && t.dim() > 0 ? t.size(0) : 0;
+  const auto elems = static_cast<std::int64_t>(t.storage()->bytes() / sizeof(T)) - t.storage_offset();
+  return std::max(t.size(0), elems / t.size(1));
+}
+
 /// A leaf fp32 parameter drawn from N(0, std) with the given generator.
 template <Device D = cpu>
 Tensor<fp32, D> normal_parameter(const Shape& shape, float stddev, Generator& gen) {

@@ -1,0 +1,47 @@
+// A (R, C) matrix as (P, C) with zero rows after its own, for a GEMM on aligned extents (Note [padded
+// vocabulary]): the LM head reads the token embedding padded to a multiple of 128 rows.
+//   auto logits = tg::linear(h, tg::padded_rows(wte, 50304)).narrow(2, 0, 50257);
+#pragma once
+
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/core/tensor.hpp"
+
+namespace tg {
+
+// Note [padded vocabulary]
+// A GPT's token embedding (V, C) doubles as the LM head, whose GEMMs (logits = h·Wᵀ, dh = dlogits·W,
+// dW = dlogitsᵀ·h) run on V, and GPT-2's V = 50257 is odd: a GPU takes its slow unaligned kernels for all three.
+// With GPTConfig::vocab_multiple the model stores the embedding with its rows padded to a multiple (50304 for
+// 128), the rows past V zero: the parameter itself is the (V, C) view of the first rows (nn::padded_parameter),
+// so the optimizer, clipping, checkpoints (GPT-2's real shapes, PyTorch unchanged) and every other reader see
+// V rows, and nothing ever writes the zero rows. The LM head reads padded_rows(W, P): that view widened to the
+// (P, C) rows its storage holds (no copy) when the caller knows the rows past V are zero, else a zero-padded
+// copy (a 16-bit weight copy, which holds V rows); its logits (B, T, P) are narrowed to (B, T, V) before the
+// loss, so the loss, sampling and evaluation see only the real vocabulary. Backward narrows the (P, C) gradient
+// to (V, C): the padded model's loss and gradients are the unpadded model's (zero rows add zero terms).
+
+/// w (R, C) as (rows, C), the rows past R zero. `storage_tail_is_zero`: the caller knows w's storage holds
+/// rows x C elements from w's first, zero past R (a padded parameter): the result is then a view of it.
+template <FloatingElement T, Device D>
+Tensor<T, D> padded_rows(const Tensor<T, D>& w, std::int64_t rows, bool storage_tail_is_zero = false) {
+  TG_CHECK(w.dim() == 2, "padded_rows: w must be a matrix, got ", w.shape());
+  const std::int64_t R = w.size(0), C = w.size(1);
+  TG_CHECK(rows >= R, "padded_rows: ", rows, " rows cannot hold the matrix's ", R);
+  const bool in_place = storage_tail_is_zero && w.is_contiguous() && w.storage() &&
+                        static_cast<std::int64_t>(w.storage()->bytes() / sizeof(T)) - w.storage_offset() >= rows * C;
+  Tensor<T, D> out;
+  if (in_place) {
+    out = w.as_strided_raw({rows, C}, {C, 1}, w.storage_offset());
+  } else {
+    out = Tensor<T, D>::zeros({rows, C});
+    tg::detail::copy_tensor(w, out.narrow(0, 0, R).detach());
+  }
+  struct Saved {
+    std::int64_t rows;
+  };
+  autodiff::record("padded_rows", out, Saved{R},
+                   [](Saved& s, const Tensor<T, D>& dout, auto) { return std::tuple{dout.narrow(0, 0, s.rows).detach()}; }, w);
+  return out;
+}
+
+}  // namespace tg
