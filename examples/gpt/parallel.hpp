@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <typegrad/compile/compile.hpp>
 #include <typegrad/dist/grid.hpp>
 #include <typegrad/dist/pipeline.hpp>
 #include <typegrad/dist/tensor_parallel.hpp>
@@ -30,6 +31,7 @@ namespace train_gpt {
 // checkpoint (one process, --dist, any grid) into the grid. Rank 0 prints, logs and evaluates: validation
 // and the final sample run on the full model gathered onto it. The tensor-parallel cross-entropy runs on the
 // CPU, so --tp/--pp train on the CPU only. --checkpoint recomputes each block, its all-reduces included.
+// --compile captures each rank's step and replays it (Note [compiled steps in the trainer]).
 // Bad grids stop before any work: heads or width not divisible by --tp, more stages than blocks, a world
 // that is not a multiple of --tp x --pp.
 
@@ -183,20 +185,26 @@ int train_parallel(Options o) {
   auto next = [&] { return sampler.next(); };
   // What the summary reports (rank 0): the step's memory above what stays between steps, the bytes each kind
   // of model parallelism moved and the time a stage waited on its neighbours.
-  std::int64_t step_peak = 0, tp_bytes = 0, pp_bytes = 0, activations = 0;
+  std::int64_t step_peak = 0, tp_bytes = 0, pp_bytes = 0, activations = 0, resident = 0;
   double pp_wait = 0;
+  auto run_step = [&]() -> tg::train::StepResult {
+    if (pipe) return pipe->run(next, dropout_gen);
+    return step->run(model, next, dropout_gen, [&](const auto& logits, const tg::data::Batch& b) {
+      auto loss = model.loss(logits, b.targets);  // the forward's memory, kept for backward, measured here
+      activations = std::max(activations, tg::allocator<tg::cpu>().stats().bytes_in_use - resident);
+      return loss;
+    });
+  };
+  // --compile: each rank's step captured once and replayed (Note [compiled steps in the trainer]); the
+  // collectives run inside it as in the eager step.
+  auto compiled = tg::compile(run_step);
+  compiled.set_parameters(params);
   for (std::int64_t k = start_step + 1; k <= o.steps; ++k) {
-    const std::int64_t resident = tg::allocator<tg::cpu>().stats().bytes_in_use;
+    resident = tg::allocator<tg::cpu>().stats().bytes_in_use;
     tg::allocator<tg::cpu>().reset_peak();
     model.reset_tensor_parallel_bytes();
     const auto t0 = tg::train::Clock::now();
-    const tg::train::StepResult r =
-        pipe ? pipe->run(next, dropout_gen)
-             : step->run(model, next, dropout_gen, [&](const auto& logits, const tg::data::Batch& b) {
-                 auto loss = model.loss(logits, b.targets);  // the forward's memory, kept for backward, measured here
-                 activations = std::max(activations, tg::allocator<tg::cpu>().stats().bytes_in_use - resident);
-                 return loss;
-               });
+    const tg::train::StepResult r = o.compile ? compiled() : run_step();
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
     step_peak = std::max(step_peak, tg::allocator<tg::cpu>().stats().peak_bytes - resident);
@@ -251,6 +259,9 @@ int train_parallel(Options o) {
                 "(formula %.2f); pipeline sends %.2f MiB/step (formula %.2f)\n",
                 tg::train::human_bytes(activations).c_str(), tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
                 static_cast<double>(pp_bytes) / steps_run / (1 << 20), pp_formula / (1 << 20));
+    if (o.compile)
+      std::printf("  compile           %lld capture(s), %lld replays on rank 0; planned peak %s\n", (long long)compiled.captures(),
+                  (long long)compiled.replays(), tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str());
     if (pipe)
       std::printf("  pipeline          rank 0 waited on its neighbours %.1f%% of the step time (the 1F1B bubble (p-1)/(m+p-1) = %.1f%%)\n",
                   100 * pp_wait / std::max(clock.train_seconds(), 1e-9), 100 * pipe->bubble_fraction());

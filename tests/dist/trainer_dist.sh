@@ -8,7 +8,8 @@
 #  3. --tp 2 --pp 2 on 4 ranks logs one process's losses; its checkpoint resumes alone, on 2 data-parallel
 #     ranks and on --tp 2 with the same losses; --tp 2 --dist zero1 on 4 ranks too, and its checkpoint resumes
 #     alone; --sequence-parallel on --tp 2 --pp 2 (with dropout) and on --tp 2 --dist zero2 logs the one
-#     process's losses, and the first one's checkpoint resumes alone; bad grids stop before any work;
+#     process's losses, and the first one's checkpoint resumes alone; --compile on tp 2 x pp 2 logs the eager
+#     grid's losses bit for bit; bad grids stop before any work;
 #  4. ranks started with different settings stop at start-up naming the difference; ranks started without
 #     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
 #   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
@@ -68,6 +69,10 @@ same_losses grid.jsonl g_one.jsonl 1 1e-6
 run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --checkpoint blocks --log grid_ckpt.jsonl > grid_ckpt.out
 grep -q "activation checkpointing: blocks" grid_ckpt.out
 same_losses grid_ckpt.jsonl g_one.jsonl 1 1e-6
+# --compile on the grid (Note [compiled steps in the trainer]): every rank replays its step; the eager grid's losses, bit for bit.
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --compile --log grid_comp.jsonl > grid_comp.out
+grep -q "compile           1 capture(s), 9 replays on rank 0" grid_comp.out
+same_losses grid_comp.jsonl grid.jsonl 1 0
 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume gck/ckpt-00000005.safetensors --log g_alone.jsonl > g_alone.out
 run -np 2 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --dist ddp --resume gck/ckpt-00000005.safetensors --log g_dp.jsonl > g_dp.out
 run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --tp 2 --resume gck/ckpt-00000005.safetensors --log g_tp.jsonl > g_tp.out
