@@ -136,11 +136,12 @@ TEST(TensorParallel, SequenceParallelBf16WithRecomputedBlocks) {
                1e-2, "sequence parallel, bf16 mixed, dropout 0.1, blocks recomputed");
 }
 
-TEST(TensorParallel, SequenceGatherAndReduceScatter) {
-  // x (B, T, C) differs on every rank; gather_from_sequence of rank r's rows gives the full tensor, and
-  // reduce_scatter_to_sequence of every rank's x gives rank r's rows of their sum; backward: the conjugates.
+// x (B, T, C) differs on every rank; gather_from_sequence of rank r's rows gives the full tensor, and
+// reduce_scatter_to_sequence of every rank's x gives rank r's rows of their sum; backward: the conjugates.
+// B = 1 takes the path without packing copies.
+void check_sequence_ops(std::int64_t B) {
   const int n = W().size(), r = W().rank();
-  const std::int64_t B = 2, T = 3 * n, C = 5, Tl = T / n;
+  const std::int64_t T = 3 * n, C = 5, Tl = T / n;
   auto of_rank = [&](int k) {
     tg::Generator g(40 + static_cast<std::uint64_t>(k));
     return F::normal({B, T, C}, 0.f, 1.f, g);
@@ -169,6 +170,11 @@ TEST(TensorParallel, SequenceGatherAndReduceScatter) {
   const F dx = x.grad();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < T; ++t) EXPECT_EQ(dx.narrow(0, b, 1).narrow(1, t, 1).to_vector()[0], static_cast<float>(t / Tl + 1)) << b << "," << t;
+}
+
+TEST(TensorParallel, SequenceGatherAndReduceScatter) {
+  check_sequence_ops(2);
+  check_sequence_ops(1);
 }
 
 TEST(TensorParallel, SequenceParallelNeedsAMultipleOfTheGroup) {

@@ -121,9 +121,11 @@ inline std::vector<std::int64_t> sequence_counts(const Shape& full, int n) {
   const std::int64_t per = full.numel() / std::max<std::int64_t>(1, full[1]) * (full[1] / n);
   return std::vector<std::int64_t>(static_cast<std::size_t>(n), per);
 }
-/// Rank-major packing of dim 1 (part r: x[:, r·T/n : (r+1)·T/n] contiguous), for a reduce-scatter.
+/// Rank-major packing of dim 1 (part r: x[:, r·T/n : (r+1)·T/n] contiguous), for a reduce-scatter. A
+/// contiguous x with one batch row is already in that order: returned as a flat view, not copied.
 template <FloatingElement T, Device D>
 Tensor<T, D> pack_sequence(const Tensor<T, D>& x, int n) {
+  if (x.size(0) == 1 && x.is_contiguous()) return x.detach().reshape({x.numel()});
   Tensor<T, D> flat = Tensor<T, D>::empty({x.numel()});
   const std::int64_t Tl = x.size(1) / n, part = x.numel() / n;
   Shape ps = x.shape();
@@ -131,9 +133,11 @@ Tensor<T, D> pack_sequence(const Tensor<T, D>& x, int n) {
   for (int r = 0; r < n; ++r) tg::detail::copy_tensor(x.narrow(1, r * Tl, Tl), flat.narrow(0, r * part, part).reshape(ps));
   return flat;
 }
-/// The inverse of pack_sequence: a (B, T, ...) tensor of `full` shape from rank-major parts.
+/// The inverse of pack_sequence: a (B, T, ...) tensor of `full` shape from rank-major parts (with one batch
+/// row, `flat` itself viewed in that shape).
 template <FloatingElement T, Device D>
 Tensor<T, D> unpack_sequence(const Tensor<T, D>& flat, const Shape& full, int n) {
+  if (full[0] == 1) return flat.detach().reshape(full);
   Tensor<T, D> out = Tensor<T, D>::empty(full);
   const std::int64_t Tl = full[1] / n, part = full.numel() / n;
   Shape ps = full;
