@@ -50,13 +50,16 @@ long long number(const std::string& flag, const std::string& v, bool zero_ok = f
   return n;
 }
 
-/// The benchmark's models (the vocabulary unpadded, as benchmarks/torch_gpt_cuda.py builds them).
+/// The benchmark's models: GPT-2's tokenizer (50257 tokens, as benchmarks/torch_gpt_cuda.py builds them), its
+/// embedding stored padded to 50304 rows as train_gpt's gpt2 preset stores it (Note [padded vocabulary]: the
+/// loss sees the 50257 real tokens; the LM-head GEMMs run on aligned shapes). PyTorch's model is unpadded.
 tg::nn::GPTConfig config_of(const std::string& m, std::int64_t seq) {
   tg::nn::GPTConfig c;
   if (m == "tiny") c = {256, 256, 4, 4, 128, 0.f};
   else if (m == "small") c = {50257, 1024, 6, 6, 384, 0.f};
   else if (m == "gpt2") c = {50257, 1024, 12, 12, 768, 0.f};
   else usage("unknown model '" + m + "' (expected tiny, small or gpt2)");
+  if (m != "tiny") c.vocab_multiple = 128;
   if (seq > c.block_size) usage("--seq " + std::to_string(seq) + " exceeds the model's block size " + std::to_string(c.block_size));
   return c;
 }

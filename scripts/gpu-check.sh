@@ -120,7 +120,7 @@ else
       die "cmake configure failed (a missing package is named above; full log: $LOG/configure.log)"
     fi
   fi
-  TARGETS=(test_cuda test_ops bench_cuda_gpt)
+  TARGETS=(test_cuda test_ops bench_cuda_gpt bench_cuda_attention)
   [ -z "$TRAINER_NOTE" ] && TARGETS+=(train_gpt)
   BUILD_LIMIT=$(stage_limit 300 "$AFTER_BUILD")
   step "build ${TARGETS[*]} (-j$JOBS, at most ${BUILD_LIMIT} s)"
@@ -229,6 +229,31 @@ else
   PT_NOTE="PyTorch with CUDA is not importable here: no comparison"
 fi
 
+# ---- the fused attention alone: typegrad fused vs composite, PyTorch SDPA (same shape) -------------------------
+ATTN_ARGS="--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64"
+ATTN="-" ATTN_TORCH="-"
+ATTN_LIMIT=$(stage_limit 45 0)
+if [ -x "$BIN/tests/bench_cuda_attention" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
+  step "attention benchmark: $ATTN_ARGS (at most ${ATTN_LIMIT} s)"
+  # shellcheck disable=SC2086
+  if limited "$ATTN_LIMIT" "$LOG/bench_attention.log" "$BIN/tests/bench_cuda_attention" $ATTN_ARGS; then
+    ATTN="fused $(field fused_ms "$LOG/bench_attention.log") ms, composite $(field composite_ms "$LOG/bench_attention.log") ms"
+  else
+    ATTN="failed ($LOG/bench_attention.log)"
+  fi
+  cat "$LOG/bench_attention.log"
+  ATTN_LIMIT=$(stage_limit 45 0)
+  if [ -n "$PT_TPS" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
+    # shellcheck disable=SC2086
+    if limited "$ATTN_LIMIT" "$LOG/bench_sdpa.log" python3 benchmarks/torch_sdpa_cuda.py $ATTN_ARGS; then
+      ATTN_TORCH="$(field torch_ms "$LOG/bench_sdpa.log") ms"
+    else
+      ATTN_TORCH="failed ($LOG/bench_sdpa.log)"
+    fi
+    cat "$LOG/bench_sdpa.log"
+  fi
+fi
+
 # ---- table ----------------------------------------------------------------------------------------------------
 pct() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo "-"; fi; }
 RATIO="-"
@@ -245,6 +270,8 @@ echo "| typegrad MFU | $(pct "$TG_MFU") |"
 echo "| PyTorch tokens/s | ${PT_TPS:-$PT_NOTE} |"
 echo "| PyTorch MFU | $(pct "$PT_MFU") |"
 echo "| typegrad / PyTorch | $RATIO |"
+echo "| attention fwd+bwd, typegrad ($ATTN_ARGS) | $ATTN |"
+echo "| attention fwd+bwd, PyTorch SDPA | $ATTN_TORCH |"
 echo "| wall time | $(elapsed) s (budget $BUDGET s) |"
 echo "logs: $LOG"
 

@@ -175,6 +175,64 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   }
 }
 
+// ---- heads packed in a fused QKV projection's output ---------------------------------------------------------
+namespace {
+/// Copies part `part` (0 q, 1 k, 2 v) of qkv [B, Tn, 3, H, hs] into heads [B, H, Tn, hs] (scatter: the reverse,
+/// into a [B, Tn, parts, H, hs] array, parts 3 for qkv and 1 for the attention's output).
+template <class T>
+void gather_heads(const T* src, std::int64_t parts, std::int64_t part, T* heads, std::int64_t B, std::int64_t H,
+                  std::int64_t Tn, std::int64_t hs) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * Tn * hs > (1 << 15))
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < Tn; ++t)
+        std::copy_n(src + (((b * Tn + t) * parts + part) * H + h) * hs, hs, heads + ((b * H + h) * Tn + t) * hs);
+}
+template <class T>
+void scatter_heads(const T* heads, T* dst, std::int64_t parts, std::int64_t part, std::int64_t B, std::int64_t H,
+                   std::int64_t Tn, std::int64_t hs) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * H * Tn * hs > (1 << 15))
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < Tn; ++t)
+        std::copy_n(heads + ((b * H + h) * Tn + t) * hs, hs, dst + (((b * Tn + t) * parts + part) * H + h) * hs);
+}
+}  // namespace
+
+// The heads are gathered into [B, H, Tn, hs] buffers and the kernels above run on them: the values are those
+// of splitting the projection into contiguous heads first (the unfused path) bit for bit.
+template <class T>
+void attention_qkv_forward(const T* qkv, T* out, accum_t<T>* lse, std::int64_t B, std::int64_t H, std::int64_t Tn,
+                           std::int64_t hs, double scale) {
+  const std::int64_t n = B * H * Tn * hs;
+  if (n == 0) return;
+  std::vector<T> q(static_cast<std::size_t>(n)), k(q.size()), v(q.size()), o(q.size());
+  gather_heads(qkv, 3, 0, q.data(), B, H, Tn, hs);
+  gather_heads(qkv, 3, 1, k.data(), B, H, Tn, hs);
+  gather_heads(qkv, 3, 2, v.data(), B, H, Tn, hs);
+  attention_forward<T>(q.data(), k.data(), v.data(), o.data(), lse, B * H, Tn, hs, scale, true);
+  scatter_heads(o.data(), out, 1, 0, B, H, Tn, hs);
+}
+
+template <class T>
+void attention_qkv_backward(const T* qkv, const T* out, const T* dout, const accum_t<T>* lse, T* dqkv, std::int64_t B,
+                            std::int64_t H, std::int64_t Tn, std::int64_t hs, double scale) {
+  const std::int64_t n = B * H * Tn * hs;
+  if (n == 0) return;
+  const auto sz = static_cast<std::size_t>(n);
+  std::vector<T> q(sz), k(sz), v(sz), o(sz), g(sz), dq(sz), dk(sz), dv(sz);
+  gather_heads(qkv, 3, 0, q.data(), B, H, Tn, hs);
+  gather_heads(qkv, 3, 1, k.data(), B, H, Tn, hs);
+  gather_heads(qkv, 3, 2, v.data(), B, H, Tn, hs);
+  gather_heads(out, 1, 0, o.data(), B, H, Tn, hs);
+  gather_heads(dout, 1, 0, g.data(), B, H, Tn, hs);
+  attention_backward<T>(q.data(), k.data(), v.data(), o.data(), g.data(), lse, dq.data(), dk.data(), dv.data(), B * H,
+                        Tn, hs, scale, true);
+  scatter_heads(dq.data(), dqkv, 3, 0, B, H, Tn, hs);
+  scatter_heads(dk.data(), dqkv, 3, 1, B, H, Tn, hs);
+  scatter_heads(dv.data(), dqkv, 3, 2, B, H, Tn, hs);
+}
+
 TG_INSTANTIATE_KERNELS(TG_KERNELS_ATTENTION, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

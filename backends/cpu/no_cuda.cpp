@@ -47,6 +47,11 @@ void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without C
 bool allow_tf32() { return false; }
 std::int64_t gelu_epilogue_calls() { return 0; }
 std::int64_t padded_gemm_calls() { return 0; }
+std::int64_t flash_attention_calls() { return 0; }
+void set_flash_attention(bool enabled) {
+  if (enabled) no_backend("set_flash_attention");
+}
+bool flash_attention_enabled() { return false; }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
 // int8 quantizers and GEMMs (detail/cuda/gemm_int8.hpp)
 void quantize_rows_int8(const float*, std::int64_t, std::int64_t, std::int64_t, std::int8_t*, float*) {

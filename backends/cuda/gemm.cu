@@ -23,6 +23,7 @@
 
 #include "common.cuh"
 #include "cublaslt.cuh"
+#include "flash_attention.cuh"
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand (host-only geometry, shared with the CPU)
 #include "typegrad/detail/cuda/kernels.hpp"
 
@@ -495,6 +496,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* l
                        std::int64_t hs, double scale, bool causal) {
   using A = acc_t<T>;
   if (BH * Tn == 0) return;
+  if (flash_attention_forward<T>(q, k, v, out, lse, BH, Tn, hs, scale, causal)) return;  // Note [flash attention on the GPU]
   const std::int64_t tt = Tn * Tn;
   detail::Workspace ws(static_cast<std::size_t>(BH * tt) * sizeof(A)), wp(static_cast<std::size_t>(BH * tt) * sizeof(T));
   A* s = ws.as<A>();
@@ -516,6 +518,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
                         T* dk, T* dv, std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
   using A = acc_t<T>;
   if (BH * Tn == 0) return;
+  if (flash_attention_backward<T>(q, k, v, out, dout, lse, dq, dk, dv, BH, Tn, hs, scale, causal)) return;
   const std::int64_t tt = Tn * Tn, th = Tn * hs, lh = std::max<std::int64_t>(hs, 1);
   detail::Workspace ws(static_cast<std::size_t>(BH * tt) * sizeof(A)), wp(static_cast<std::size_t>(BH * tt) * sizeof(T));
   A* s = ws.as<A>();
@@ -543,6 +546,57 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   // dQ = dS·K, dK = dSᵀ·Q
   run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::N, Tn, tt, Trans::N, lh, th, lh, th), p, k, dq, 1.0, 0.0);
   run_gemm<T, T>(gemm(Tn, hs, Tn, Trans::T, Tn, tt, Trans::N, lh, th, lh, th), p, q, dk, 1.0, 0.0);
+}
+
+// ---- attention over a fused QKV projection's heads -------------------------------------------------------------
+// The fused kernels read and write the packed layouts directly (Note [flash attention on the GPU]); otherwise
+// the heads are copied into contiguous [B, H, Tn, hs] buffers for the composite, and the results copied back.
+namespace {
+/// Part `part` of a [B, Tn, parts, H, hs] array seen as [B, H, Tn, hs]: its sizes and element strides.
+std::pair<Shape, Shape> packed_heads(std::int64_t B, std::int64_t H, std::int64_t Tn, std::int64_t hs, std::int64_t parts) {
+  const std::int64_t C = H * hs;
+  return {Shape{B, H, Tn, hs}, Shape{Tn * parts * C, hs, parts * C, 1}};
+}
+}  // namespace
+
+template <class T>
+void attention_qkv_forward(const T* qkv, T* out, accum_t<T>* lse, std::int64_t B, std::int64_t H, std::int64_t Tn,
+                           std::int64_t hs, double scale) {
+  const std::int64_t n = B * H * Tn * hs, C = H * hs;
+  if (n == 0) return;
+  if (flash_attention_qkv_forward<T>(qkv, out, lse, B, H, Tn, hs, scale)) return;
+  const auto [sizes, packed3] = packed_heads(B, H, Tn, hs, 3);
+  const Shape packed1 = packed_heads(B, H, Tn, hs, 1).second, dense = contiguous_strides(sizes);
+  detail::Workspace wq(static_cast<std::size_t>(4 * n) * sizeof(T));
+  T* q = wq.as<T>();
+  T *k = q + n, *v = k + n, *o = v + n;
+  copy_strided<T, T>(qkv, packed3, q, dense, sizes);
+  copy_strided<T, T>(qkv + C, packed3, k, dense, sizes);
+  copy_strided<T, T>(qkv + 2 * C, packed3, v, dense, sizes);
+  attention_forward<T>(q, k, v, o, lse, B * H, Tn, hs, scale, true);
+  copy_strided<T, T>(o, dense, out, packed1, sizes);
+}
+
+template <class T>
+void attention_qkv_backward(const T* qkv, const T* out, const T* dout, const accum_t<T>* lse, T* dqkv, std::int64_t B,
+                            std::int64_t H, std::int64_t Tn, std::int64_t hs, double scale) {
+  const std::int64_t n = B * H * Tn * hs, C = H * hs;
+  if (n == 0) return;
+  if (flash_attention_qkv_backward<T>(qkv, out, dout, lse, dqkv, B, H, Tn, hs, scale)) return;
+  const auto [sizes, packed3] = packed_heads(B, H, Tn, hs, 3);
+  const Shape packed1 = packed_heads(B, H, Tn, hs, 1).second, dense = contiguous_strides(sizes);
+  detail::Workspace ws(static_cast<std::size_t>(8 * n) * sizeof(T));
+  T* q = ws.as<T>();
+  T *k = q + n, *v = k + n, *o = v + n, *g = o + n, *dq = g + n, *dk = dq + n, *dv = dk + n;
+  copy_strided<T, T>(qkv, packed3, q, dense, sizes);
+  copy_strided<T, T>(qkv + C, packed3, k, dense, sizes);
+  copy_strided<T, T>(qkv + 2 * C, packed3, v, dense, sizes);
+  copy_strided<T, T>(out, packed1, o, dense, sizes);
+  copy_strided<T, T>(dout, packed1, g, dense, sizes);
+  attention_backward<T>(q, k, v, o, g, lse, dq, dk, dv, B * H, Tn, hs, scale, true);
+  copy_strided<T, T>(dq, dense, dqkv, packed3, sizes);
+  copy_strided<T, T>(dk, dense, dqkv + C, packed3, sizes);
+  copy_strided<T, T>(dv, dense, dqkv + 2 * C, packed3, sizes);
 }
 
 TG_INSTANTIATE_KERNELS(TG_KERNELS_MATMUL, TG_FLOATING_TYPES)

@@ -208,7 +208,9 @@ TEST(Compile, DataDependentControlFlowIsAnError) {
     c(batch(2));
     ADD_FAILURE() << "no error";
   } catch (const tg::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("where the captured step ran"), std::string::npos) << e.what();
+    // the extra op is named, whether the captured step ran another op there or had no more ops (the GPT's
+    // backward formulas call kernels only, so its captured ops end with the loss)
+    EXPECT_NE(std::string(e.what()).find("is 'mul'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("its ops depend on its data"), std::string::npos) << e.what();
   }
 }

@@ -12,6 +12,7 @@
 #include "typegrad/nn/layers.hpp"
 #include "typegrad/ops/attention.hpp"
 #include "typegrad/ops/dropout.hpp"
+#include "typegrad/ops/dropout_add.hpp"
 #include "typegrad/ops/padded_rows.hpp"
 #include "typegrad/ops/linear_gelu.hpp"
 #include "typegrad/ops/unary.hpp"
@@ -73,13 +74,9 @@ class BasicCausalSelfAttention {
 
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<T, D>& x) const {  // (B,T,C)
-    const std::int64_t B = x.size(0), T_ = x.size(1), C = x.size(2), hs = C / n_head_;
-    const Tensor<T, D> qkv = c_attn_.forward(x);  // (B,T,3C)
-    auto heads = [&](std::int64_t part) {      // (B,H,T,hs)
-      return qkv.narrow(2, part * C, C).reshape({B, T_, n_head_, hs}).transpose(1, 2).contiguous();
-    };
-    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2));  // (B,H,T,hs)
-    return c_proj_.forward(y.transpose(1, 2).reshape({B, T_, C}));
+    // the heads read straight from the fused projection's (B,T,3C) output and written as (B,T,C): the values
+    // of splitting into (B,H,T,hs) heads and merging them back, without the layout copies
+    return c_proj_.forward(causal_attention_qkv(c_attn_.forward(x), n_head_));
   }
   void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     c_attn_.collect_parameters(join_name(prefix, "c_attn"), out);
@@ -137,8 +134,10 @@ class BasicBlock {
       : ln_1_(o.ln_1()), attn_(o.attn()), ln_2_(o.ln_2()), mlp_(o.mlp()), dropout_(o.dropout_p()) {}
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<T, D>& x, Generator& dropout_gen, bool training) const {
-    const Tensor<T, D> h = add(x, dropout(attn_.forward(ln_1_.forward(x)), dropout_, dropout_gen, training));
-    return add(h, dropout(mlp_.forward(ln_2_.forward(h)), dropout_, dropout_gen, training));
+    // h = x + dropout(attn(ln_1(x))) and ln_2(h) in one pass, then h + dropout(mlp(·)) in one pass: the
+    // unfused ops' values bit for bit (Notes [fused residual add and LayerNorm], [fused dropout and residual add])
+    const AddLayerNorm<T, D> h = ln_2_.forward_add(x, dropout(attn_.forward(ln_1_.forward(x)), dropout_, dropout_gen, training));
+    return dropout_add(h.sum, mlp_.forward(h.out), dropout_, dropout_gen, training);
   }
   void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     ln_1_.collect_parameters(join_name(prefix, "ln_1"), out);

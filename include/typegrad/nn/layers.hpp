@@ -8,6 +8,7 @@
 
 #include "typegrad/amp/weights.hpp"
 #include "typegrad/nn/module.hpp"
+#include "typegrad/ops/add_layernorm.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/embedding.hpp"
 #include "typegrad/ops/layernorm.hpp"
@@ -86,6 +87,11 @@ class BasicLayerNorm {
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<T, D>& x) const {
     return layernorm(x, amp::param_as<T>(weight_), amp::param_as<T>(bias_), eps_);
+  }
+  /// x + branch and this LayerNorm of it, in one pass (Note [fused residual add and LayerNorm]).
+  template <FloatingElement T>
+  AddLayerNorm<T, D> forward_add(const Tensor<T, D>& x, const Tensor<T, D>& branch) const {
+    return add_layernorm(x, branch, amp::param_as<T>(weight_), amp::param_as<T>(bias_), eps_);
   }
   void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {
     out.push_back({join_name(prefix, "weight"), weight_});

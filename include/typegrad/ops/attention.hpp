@@ -54,6 +54,43 @@ Tensor<T, D> causal_attention(const Tensor<T, D>& q, const Tensor<T, D>& k, cons
   return out;
 }
 
+namespace detail {
+template <Element T, Device D>
+struct AttentionQkvSaved {
+  Tensor<T, D> qkv, out;      // contiguous (B,T,3C) and (B,T,C)
+  Tensor<accum_t<T>, D> lse;  // (B,H,T)
+};
+}  // namespace detail
+
+/// causal_attention of the n_head heads packed in a fused QKV projection's output: qkv (B,T,3C), its last dim
+/// q, k, v (C each, head h at columns h·hs .. h·hs + hs of each) -> (B,T,C) with head h at the same columns.
+/// The values of splitting qkv into heads, causal_attention and merging the heads back; but the kernels read
+/// and write the packed layouts (on the GPU; the CPU gathers the heads inside its kernel), so no head-layout
+/// copy is recorded and the backward writes dqkv in one tensor.
+template <FloatingElement T, Device D>
+Tensor<T, D> causal_attention_qkv(const Tensor<T, D>& qkv, std::int64_t n_head) {
+  TG_CHECK(qkv.dim() == 3, "causal_attention_qkv: qkv must be (B,T,3C), got ", qkv.shape());
+  TG_CHECK(n_head >= 1, "causal_attention_qkv: n_head must be >= 1, got ", n_head);
+  const std::int64_t B = qkv.shape()[0], Tn = qkv.shape()[1], C3 = qkv.shape()[2];
+  TG_CHECK(C3 % (3 * n_head) == 0, "causal_attention_qkv: the last dim of qkv ", qkv.shape(),
+           " must be 3·n_head·head_size with n_head = ", n_head);
+  const std::int64_t C = C3 / 3, hs = C / n_head;
+  const double scale = hs ? 1.0 / std::sqrt(static_cast<double>(hs)) : 1.0;
+  const Tensor<T, D> qc = qkv.contiguous_raw();
+  Tensor<T, D> out = Tensor<T, D>::empty({B, Tn, C});
+  Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({B, n_head, Tn});
+  TG_BACKEND(D, attention_qkv_forward<T>(qc.data(), out.data(), lse.data(), B, n_head, Tn, hs, scale));
+  autodiff::record("causal_attention_qkv", out, detail::AttentionQkvSaved<T, D>{qc.detach(), out.detach(), lse},
+                   [B, n_head, Tn, hs, scale](detail::AttentionQkvSaved<T, D>& s, const Tensor<T, D>& dout, auto) {
+                     const Tensor<T, D> g = dout.contiguous_raw();
+                     Tensor<T, D> dqkv = Tensor<T, D>::empty(s.qkv.shape());  // the kernel writes every element
+                     TG_BACKEND(D, attention_qkv_backward<T>(s.qkv.data(), s.out.data(), g.data(), s.lse.data(),
+                                                             dqkv.data(), B, n_head, Tn, hs, scale));
+                     return std::tuple{dqkv};
+                   }, qkv);
+  return out;
+}
+
 /// The same attention from primitives (records matmul, mul, masked_fill, softmax, matmul): the reference
 /// the fused op is tested against, and a path that keeps the (B,H,T,T) probabilities.
 template <FloatingElement T, Device D>

@@ -46,6 +46,13 @@ std::int64_t gelu_epilogue_calls();
 /// (Note [16-byte aligned GEMM operands] in backends/cuda/gemm.cu: large GEMMs with an odd row width, such
 /// as GPT-2's LM head with its 50257-token vocabulary). 0 without the CUDA backend.
 std::int64_t padded_gemm_calls();
+/// How many attention forwards and backwards in this process ran the fused tensor-core kernels (Note [flash
+/// attention on the GPU] in backends/cuda/flash_attention.cu) instead of the composite. 0 without the CUDA backend.
+std::int64_t flash_attention_calls();
+/// Turns the fused attention kernels on or off for the process (on unless TG_CUDA_ATTENTION=composite at
+/// start): off, every attention runs the composite. Without the CUDA backend, enabling is an error.
+void set_flash_attention(bool enabled);
+bool flash_attention_enabled();
 // ---- loss-scaler kernel (backends/cuda/optim.cu) ------------------------------------------------------
 // The optimizer kernels, per-tensor and multi-tensor, are declared once for both devices in
 // detail/kernels/optim.hpp (fp32 here: parameters and optimizer state are fp32 masters).

@@ -1,0 +1,50 @@
+// add_layernorm's CPU kernel (Note [fused residual add and LayerNorm] in ops/add_layernorm.hpp): one OpenMP
+// work item per row; h = x + r in the elementwise ops' register type (fp32 for 16-bit storage) rounded to T on
+// store, the mean summed from the stored values in the same loop, then layernorm_forward's variance and
+// output passes over h. Bit for bit `add` followed by `layernorm`.
+#include <cmath>
+#include <type_traits>
+
+#define TG_KERNELS_ONLY
+#include "typegrad/ops/add_layernorm.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"
+#include "parallel.hpp"
+
+namespace tg::backend::cpu {
+
+template <class T>
+void add_layernorm_forward(const T* x, const T* r, const T* w, const T* b, T* h, T* y, accum_t<T>* mean,
+                           accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
+  using E = std::conditional_t<std::is_same_v<T, double>, double, float>;  // binary add's register type
+  using A = amp::kernel_math_t<amp::op::layernorm, T>;                      // layernorm's (Note [autocast rules])
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const T* xr = x + i * n;
+    const T* rr = r + i * n;
+    T* hr = h + i * n;
+    T* yr = y + i * n;
+    A s = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T v = scalar_cast<T>(scalar_cast<E>(xr[j]) + scalar_cast<E>(rr[j]));
+      hr[j] = v;
+      s += scalar_cast<A>(v);
+    }
+    const A mu = s / static_cast<A>(n);
+    A v = 0;  // two passes, as layernorm_forward: the variance of centred values does not cancel
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A d = scalar_cast<A>(hr[j]) - mu;
+      v += d * d;
+    }
+    const A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
+    mean[i] = mu;
+    rstd[i] = rs;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const A o = (scalar_cast<A>(hr[j]) - mu) * rs * scalar_cast<A>(w[j]);
+      yr[j] = scalar_cast<T>(o + scalar_cast<A>(b[j]));
+    }
+  }
+}
+
+TG_INSTANTIATE_KERNELS(TG_KERNELS_ADD_LAYERNORM, TG_FLOATING_TYPES)
+
+}  // namespace tg::backend::cpu

@@ -1,0 +1,35 @@
+// dropout_add's CPU kernel (Note [fused dropout and residual add] in ops/dropout_add.hpp): the contiguous
+// operands cut into pieces shared by the OpenMP threads (row_pieces.hpp), dropout_forward's keep rule and
+// scale, the dropped-out value rounded to T and then added in the elementwise ops' register type. The file is
+// compiled with -ffp-contract=off (CMakeLists.txt): the product is rounded before the add, as the unfused pair.
+#include <cstdint>
+#include <type_traits>
+
+#define TG_KERNELS_ONLY
+#include "typegrad/ops/dropout_add.hpp"
+#include "typegrad/core/random.hpp"
+#include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/row_pieces.hpp"
+#include "typegrad/detail/math.hpp"
+
+namespace tg::backend::cpu {
+
+template <class T>
+void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
+                         double p) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const float pf = static_cast<float>(p);
+  const A scale = static_cast<A>(1.0 / (1.0 - p));
+  for_row_pieces(1, n, 1 << 15, [&](std::int64_t, std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
+      const bool keep = math::dropout_keep(detail::uniform_from_bits(w[0]), pf);
+      const T d = scalar_cast<T>(keep ? scalar_cast<A>(r[i]) * scale : A(0));
+      out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+    }
+  });
+}
+
+TG_INSTANTIATE_KERNELS(TG_KERNELS_DROPOUT_ADD, TG_FLOATING_TYPES)
+
+}  // namespace tg::backend::cpu

@@ -1,0 +1,119 @@
+// The fused causal attention on the GPU (Note [flash attention on the GPU] in backends/cuda/flash_attention.cu):
+// bf16 and fp16, head sizes 64 and 128, T in {1, 17, 64, 1000, 1024}: the output and the three gradients
+// against the CPU's fp32 attention of the same rounded inputs, and against the GPU composite (the fused
+// kernels switched off); flash_attention_calls() shows which path ran. Every test skips with the reason when
+// no CUDA device is present (the build machines have none).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <typegrad/typegrad.hpp>
+
+#include "cuda/gpu_skip.hpp"
+
+namespace {
+
+class CudaAttention : public tg::testing::GpuTest {
+ protected:
+  void TearDown() override {
+    if (tg::backend::cuda::device_count() > 0) tg::backend::cuda::set_flash_attention(true);
+  }
+};
+
+template <class T, class D>
+std::vector<double> values(const tg::Tensor<T, D>& t) {
+  const auto v = t.detach().template to<tg::fp32>().template to<tg::cpu>().to_vector();
+  return {v.begin(), v.end()};
+}
+
+/// max_i |a_i − b_i| over max_i |b_i|: the error relative to the tensor's scale.
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double e = 0, m = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    e = std::max(e, std::abs(a[i] - b[i]));
+    m = std::max(m, std::abs(b[i]));
+  }
+  return m > 0 ? e / m : e;
+}
+
+struct Results {
+  std::vector<double> y, dq, dk, dv;
+};
+
+template <class T, class D>
+Results run_attention(const tg::Tensor<float>& qh, const tg::Tensor<float>& kh, const tg::Tensor<float>& vh,
+                      const tg::Tensor<float>& uh) {
+  auto q = qh.to<T>().template to<D>().requires_grad_();
+  auto k = kh.to<T>().template to<D>().requires_grad_();
+  auto v = vh.to<T>().template to<D>().requires_grad_();
+  const auto y = tg::causal_attention(q, k, v);
+  y.backward(uh.to<T>().template to<D>());
+  return {values(y), values(q.grad()), values(k.grad()), values(v.grad())};
+}
+
+/// Inputs rounded to T once, so the CPU fp32 reference sees the GPU's values.
+template <class T>
+tg::Tensor<float> rounded(const tg::Tensor<float>& x) {
+  return x.to<T>().template to<tg::fp32>();
+}
+
+template <class T>
+void check(std::int64_t B, std::int64_t H, std::int64_t Tn, std::int64_t hs) {
+  SCOPED_TRACE(::testing::Message() << tg::dtype_traits<T>::name << " B=" << B << " H=" << H << " T=" << Tn << " hs=" << hs);
+  tg::Generator gen(static_cast<std::uint64_t>(1000 * Tn + hs));
+  const auto q = rounded<T>(tg::Tensor<float>::normal({B, H, Tn, hs}, 0.f, 1.f, gen));
+  const auto k = rounded<T>(tg::Tensor<float>::normal({B, H, Tn, hs}, 0.f, 1.f, gen));
+  const auto v = rounded<T>(tg::Tensor<float>::normal({B, H, Tn, hs}, 0.f, 1.f, gen));
+  const auto u = rounded<T>(tg::Tensor<float>::normal({B, H, Tn, hs}, 0.f, 1.f, gen));
+  const Results ref = run_attention<float, tg::cpu>(q, k, v, u);
+
+  tg::backend::cuda::set_flash_attention(true);
+  const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
+  const Results fused = run_attention<T, tg::cuda>(q, k, v, u);
+  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "the forward and the backward ran fused";
+
+  tg::backend::cuda::set_flash_attention(false);
+  const Results composite = run_attention<T, tg::cuda>(q, k, v, u);
+  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "switched off: the composite ran";
+  tg::backend::cuda::set_flash_attention(true);
+
+  // 16-bit outputs and 16-bit P / dS in the products: a few units of T's rounding relative to each tensor's
+  // scale (bf16 2^-8, fp16 2^-11); the composite has the same roundings in another order.
+  const double tol = std::is_same_v<T, tg::bf16> ? 3e-2 : 6e-3;
+  EXPECT_LE(rel_err(fused.y, ref.y), tol) << "out vs the CPU";
+  EXPECT_LE(rel_err(fused.dq, ref.dq), tol) << "dq vs the CPU";
+  EXPECT_LE(rel_err(fused.dk, ref.dk), tol) << "dk vs the CPU";
+  EXPECT_LE(rel_err(fused.dv, ref.dv), tol) << "dv vs the CPU";
+  EXPECT_LE(rel_err(fused.y, composite.y), tol) << "out vs the composite";
+  EXPECT_LE(rel_err(fused.dq, composite.dq), tol) << "dq vs the composite";
+  EXPECT_LE(rel_err(fused.dk, composite.dk), tol) << "dk vs the composite";
+  EXPECT_LE(rel_err(fused.dv, composite.dv), tol) << "dv vs the composite";
+}
+
+TEST_F(CudaAttention, Bf16HeadSize64) {
+  for (std::int64_t Tn : {1, 17, 64, 1000, 1024}) check<tg::bf16>(2, 3, Tn, 64);
+}
+TEST_F(CudaAttention, Bf16HeadSize128) {
+  for (std::int64_t Tn : {1, 17, 64, 1000, 1024}) check<tg::bf16>(1, 2, Tn, 128);
+}
+TEST_F(CudaAttention, Fp16HeadSize64) {
+  for (std::int64_t Tn : {1, 17, 64, 1000, 1024}) check<tg::fp16>(2, 3, Tn, 64);
+}
+TEST_F(CudaAttention, Fp16HeadSize128) {
+  for (std::int64_t Tn : {1, 17, 64, 1000, 1024}) check<tg::fp16>(1, 2, Tn, 128);
+}
+
+// Head sizes the kernels do not cover, and fp32, run the composite.
+TEST_F(CudaAttention, OtherHeadSizesAndFp32RunTheComposite) {
+  tg::Generator gen(5);
+  const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
+  const auto x = tg::Tensor<float>::normal({1, 2, 33, 32}, 0.f, 1.f, gen);
+  (void)run_attention<tg::bf16, tg::cuda>(x, x, x, x);
+  const auto y = tg::Tensor<float>::normal({1, 2, 33, 64}, 0.f, 1.f, gen);
+  (void)run_attention<float, tg::cuda>(y, y, y, y);
+  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0);
+}
+
+}  // namespace
