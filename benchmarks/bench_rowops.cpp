@@ -34,13 +34,14 @@ struct CrossEntropyInputs {
   std::vector<T> logits = random_values<T>(kTokens * kVocab, 2.f, 1);
   std::vector<std::int64_t> targets = std::vector<std::int64_t>(kTokens);
   std::vector<tg::accum_t<T>> lse = std::vector<tg::accum_t<T>>(kTokens);
-  std::int64_t count = 0;
+  tg::accum_t<T> loss = 0, dloss = 1;
   CrossEntropyInputs() {
     for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
   }
-  double forward() {
-    return tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), kTokens, kVocab, -100,
-                                                      &count);
+  tg::accum_t<T> forward() {
+    tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), &loss, kTokens, kVocab, -100,
+                                               kTokens);
+    return loss;
   }
 };
 
@@ -57,7 +58,7 @@ void BM_CrossEntropyBackward(benchmark::State& state) {
   in.forward();
   std::vector<T> dlogits(in.logits.size());
   for (auto _ : state) {
-    tg::backend::cpu::cross_entropy_backward<T>(in.logits.data(), in.targets.data(), in.lse.data(), 1.0 / kTokens,
+    tg::backend::cpu::cross_entropy_backward<T>(in.logits.data(), in.targets.data(), in.lse.data(), &in.dloss, kTokens,
                                                 dlogits.data(), kTokens, kVocab, -100);
     benchmark::ClobberMemory();
   }

@@ -15,30 +15,44 @@ namespace tg::backend::cpu {
 namespace {
 constexpr std::int64_t kBlock = 64;
 
-/// The data as accum_t<T>: a pointer to it when T already is, else a widened copy in `buf`.
+/// Where heads' rows are: row t of head bh starts at off(bh) + t·ld elements from the base pointer, with
+/// off(bh) = (bh / H)·batch + (bh % H)·head. Contiguous heads: {1, Tn·hs, 0, hs}; the q part of a fused QKV
+/// projection's [B, Tn, 3, H, hs] output: {H, Tn·3C, hs, 3C}.
+struct Heads {
+  std::int64_t H, batch, head, ld;
+  std::int64_t off(std::int64_t bh) const { return (bh / H) * batch + (bh % H) * head; }
+};
+Heads dense_heads(std::int64_t Tn, std::int64_t hs) { return {1, Tn * hs, 0, hs}; }
+
+/// The heads as accum_t<T>: the data itself when T already is (layout unchanged), else a widened copy of
+/// every head in `buf`, contiguous ([BH, Tn, hs]); `l` becomes the layout of what is returned.
 template <class A, class T>
-const A* widen(const T* p, std::int64_t n, std::vector<A>& buf) {
+const A* widen(const T* p, Heads& l, std::int64_t BH, std::int64_t Tn, std::int64_t hs, std::vector<A>& buf) {
   if constexpr (std::is_same_v<A, T>) {
     return p;
   } else {
-    buf.resize(static_cast<std::size_t>(n));
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (std::int64_t i = 0; i < n; ++i) buf[static_cast<std::size_t>(i)] = scalar_cast<A>(p[i]);
+    buf.resize(static_cast<std::size_t>(BH * Tn * hs));
+    const Heads src = l;
+#pragma omp parallel for schedule(static) if (BH * Tn * hs > (1 << 15))
+    for (std::int64_t r = 0; r < BH * Tn; ++r) {
+      const T* row = p + src.off(r / Tn) + (r % Tn) * src.ld;
+      A* dst = buf.data() + r * hs;
+      for (std::int64_t c = 0; c < hs; ++c) dst[c] = scalar_cast<A>(row[c]);
+    }
+    l = dense_heads(Tn, hs);
     return buf.data();
   }
 }
-}  // namespace
 
 template <class T>
-void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* lse, std::int64_t BH, std::int64_t Tn,
-                       std::int64_t hs, double scale, bool causal) {
+void forward_impl(const T* q, Heads lq, const T* k, Heads lk, const T* v, Heads lv, T* out, Heads lo, accum_t<T>* lse,
+                  std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
   using A = accum_t<T>;
   if (BH == 0 || Tn == 0) return;
-  const std::int64_t n = BH * Tn * hs;
   std::vector<A> bq, bk, bv;
-  const A* Q = widen(q, n, bq);
-  const A* K = widen(k, n, bk);
-  const A* Vv = widen(v, n, bv);
+  const A* Q = widen(q, lq, BH, Tn, hs, bq);
+  const A* K = widen(k, lk, BH, Tn, hs, bk);
+  const A* Vv = widen(v, lv, BH, Tn, hs, bv);
   const std::int64_t nblk = (Tn + kBlock - 1) / kBlock;
   const A sc = static_cast<A>(scale);
 #pragma omp parallel
@@ -48,11 +62,11 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* l
     for (std::int64_t task = 0; task < BH * nblk; ++task) {
       const std::int64_t h = task / nblk, i0 = (task % nblk) * kBlock, i1 = std::min(Tn, i0 + kBlock);
       const std::int64_t rows = i1 - i0, kend = causal ? i1 : Tn;
-      const A* Qh = Q + h * Tn * hs;
-      const A* Kh = K + h * Tn * hs;
-      const A* Vh = Vv + h * Tn * hs;
+      const A* Qh = Q + lq.off(h);
+      const A* Kh = K + lk.off(h);
+      const A* Vh = Vv + lv.off(h);
       if (hs > 0) {
-        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, Qh + i0 * hs, hs, Kh, hs, 0.f, S.data(), Tn);
+        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, Qh + i0 * lq.ld, lq.ld, Kh, lk.ld, 0.f, S.data(), Tn);
       } else {
         std::fill(S.begin(), S.end(), A(0));
       }
@@ -80,29 +94,30 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* l
         lse[h * Tn + i0 + r] = m + std::log(l);
       }
       if (hs == 0) continue;
-      T* Oh = out + (h * Tn + i0) * hs;
+      T* Oh = out + lo.off(h) + i0 * lo.ld;
       if constexpr (std::is_same_v<A, T>) {
-        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, S.data(), Tn, Vh, hs, 0.f, Oh, hs);
+        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, S.data(), Tn, Vh, lv.ld, 0.f, Oh, lo.ld);
       } else {
-        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, S.data(), Tn, Vh, hs, 0.f, O.data(), hs);
-        for (std::int64_t i = 0; i < rows * hs; ++i) Oh[i] = scalar_cast<T>(O[static_cast<std::size_t>(i)]);
+        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, S.data(), Tn, Vh, lv.ld, 0.f, O.data(), hs);
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < hs; ++c) Oh[r * lo.ld + c] = scalar_cast<T>(O[static_cast<std::size_t>(r * hs + c)]);
       }
     }
   }
 }
 
 template <class T>
-void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* dout, const accum_t<T>* lse, T* dq,
-                        T* dk, T* dv, std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
+void backward_impl(const T* q, Heads lq, const T* k, Heads lk, const T* v, Heads lv, const T* out, Heads lo,
+                   const T* dout, Heads ldo, const accum_t<T>* lse, T* dq, Heads ldq, T* dk, Heads ldk, T* dv, Heads ldv,
+                   std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
   using A = accum_t<T>;
   if (BH == 0 || Tn == 0 || hs == 0) return;
-  const std::int64_t n = BH * Tn * hs;
   std::vector<A> bq, bk, bv, bo, bdo;
-  const A* Q = widen(q, n, bq);
-  const A* K = widen(k, n, bk);
-  const A* Vv = widen(v, n, bv);
-  const A* O = widen(out, n, bo);
-  const A* dO = widen(dout, n, bdo);
+  const A* Q = widen(q, lq, BH, Tn, hs, bq);
+  const A* K = widen(k, lk, BH, Tn, hs, bk);
+  const A* Vv = widen(v, lv, BH, Tn, hs, bv);
+  const A* O = widen(out, lo, BH, Tn, hs, bo);
+  const A* dO = widen(dout, ldo, BH, Tn, hs, bdo);
   // Gradients accumulate in A: straight into the outputs when T is A, else into per-thread buffers.
   constexpr bool direct = std::is_same_v<A, T>;
   const A sc = static_cast<A>(scale);
@@ -118,26 +133,29 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
     }
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < BH; ++h) {
-      const std::int64_t off = h * Tn * hs;
-      const A *Qh = Q + off, *Kh = K + off, *Vh = Vv + off, *Oh = O + off, *dOh = dO + off;
+      const A *Qh = Q + lq.off(h), *Kh = K + lk.off(h), *Vh = Vv + lv.off(h), *Oh = O + lo.off(h), *dOh = dO + ldo.off(h);
       A *dQh, *dKh, *dVh;
+      std::int64_t gq_ld = hs, gk_ld = hs, gv_ld = hs;
       if constexpr (direct) {
-        dQh = reinterpret_cast<A*>(dq) + off;
-        dKh = reinterpret_cast<A*>(dk) + off;
-        dVh = reinterpret_cast<A*>(dv) + off;
+        dQh = reinterpret_cast<A*>(dq) + ldq.off(h);
+        dKh = reinterpret_cast<A*>(dk) + ldk.off(h);
+        dVh = reinterpret_cast<A*>(dv) + ldv.off(h);
+        gq_ld = ldq.ld, gk_ld = ldk.ld, gv_ld = ldv.ld;
       } else {
         dQh = gq.data(), dKh = gk.data(), dVh = gv.data();
       }
-      std::fill_n(dKh, Tn * hs, A(0));
-      std::fill_n(dVh, Tn * hs, A(0));
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        std::fill_n(dKh + t * gk_ld, hs, A(0));
+        std::fill_n(dVh + t * gv_ld, hs, A(0));
+      }
       for (std::int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
         const std::int64_t i1 = std::min(Tn, i0 + kBlock), rows = i1 - i0, kend = causal ? i1 : Tn;
         // S = scale·Q·Kᵀ -> P = exp(S − lse); dP = dO·Vᵀ
-        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, Qh + i0 * hs, hs, Kh, hs, 0.f, S.data(), Tn);
-        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, dOh + i0 * hs, hs, Vh, hs, 0.f, dP.data(), Tn);
+        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, Qh + i0 * lq.ld, lq.ld, Kh, lk.ld, 0.f, S.data(), Tn);
+        gemm<A>(Trans::N, Trans::T, rows, kend, hs, 1.f, dOh + i0 * ldo.ld, ldo.ld, Vh, lv.ld, 0.f, dP.data(), Tn);
         for (std::int64_t r = 0; r < rows; ++r) {
-          const A* o = Oh + (i0 + r) * hs;
-          const A* g = dOh + (i0 + r) * hs;
+          const A* o = Oh + (i0 + r) * lo.ld;
+          const A* g = dOh + (i0 + r) * ldo.ld;
           A d = 0;
           for (std::int64_t c = 0; c < hs; ++c) d += o[c] * g[c];
           Dr[static_cast<std::size_t>(r)] = d;
@@ -158,79 +176,57 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           for (std::int64_t j = last; j < kend; ++j) s[j] = dp[j] = 0;
         }
         // dQ = scale·dS·K;  dK += scale·dSᵀ·Q;  dV += Pᵀ·dO
-        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, dP.data(), Tn, Kh, hs, 0.f,
-                dQh + i0 * hs, hs);
-        gemm<A>(Trans::T, Trans::N, kend, hs, rows, 1.f, dP.data(), Tn, Qh + i0 * hs, hs, 1.f,
-                dKh, hs);
-        gemm<A>(Trans::T, Trans::N, kend, hs, rows, 1.f, S.data(), Tn, dOh + i0 * hs, hs, 1.f, dVh, hs);
+        gemm<A>(Trans::N, Trans::N, rows, hs, kend, 1.f, dP.data(), Tn, Kh, lk.ld, 0.f, dQh + i0 * gq_ld, gq_ld);
+        gemm<A>(Trans::T, Trans::N, kend, hs, rows, 1.f, dP.data(), Tn, Qh + i0 * lq.ld, lq.ld, 1.f, dKh, gk_ld);
+        gemm<A>(Trans::T, Trans::N, kend, hs, rows, 1.f, S.data(), Tn, dOh + i0 * ldo.ld, ldo.ld, 1.f, dVh, gv_ld);
       }
       if constexpr (!direct) {
-        for (std::int64_t i = 0; i < Tn * hs; ++i) {
-          dq[off + i] = scalar_cast<T>(gq[static_cast<std::size_t>(i)]);
-          dk[off + i] = scalar_cast<T>(gk[static_cast<std::size_t>(i)]);
-          dv[off + i] = scalar_cast<T>(gv[static_cast<std::size_t>(i)]);
-        }
+        T *oq = dq + ldq.off(h), *ok = dk + ldk.off(h), *ov = dv + ldv.off(h);
+        for (std::int64_t t = 0; t < Tn; ++t)
+          for (std::int64_t c = 0; c < hs; ++c) {
+            const auto i = static_cast<std::size_t>(t * hs + c);
+            oq[t * ldq.ld + c] = scalar_cast<T>(gq[i]);
+            ok[t * ldk.ld + c] = scalar_cast<T>(gk[i]);
+            ov[t * ldv.ld + c] = scalar_cast<T>(gv[i]);
+          }
       }
     }
   }
 }
-
-// ---- heads packed in a fused QKV projection's output ---------------------------------------------------------
-namespace {
-/// Copies part `part` (0 q, 1 k, 2 v) of qkv [B, Tn, 3, H, hs] into heads [B, H, Tn, hs] (scatter: the reverse,
-/// into a [B, Tn, parts, H, hs] array, parts 3 for qkv and 1 for the attention's output).
-template <class T>
-void gather_heads(const T* src, std::int64_t parts, std::int64_t part, T* heads, std::int64_t B, std::int64_t H,
-                  std::int64_t Tn, std::int64_t hs) {
-#pragma omp parallel for collapse(2) schedule(static) if (B * H * Tn * hs > (1 << 15))
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t = 0; t < Tn; ++t)
-        std::copy_n(src + (((b * Tn + t) * parts + part) * H + h) * hs, hs, heads + ((b * H + h) * Tn + t) * hs);
-}
-template <class T>
-void scatter_heads(const T* heads, T* dst, std::int64_t parts, std::int64_t part, std::int64_t B, std::int64_t H,
-                   std::int64_t Tn, std::int64_t hs) {
-#pragma omp parallel for collapse(2) schedule(static) if (B * H * Tn * hs > (1 << 15))
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t = 0; t < Tn; ++t)
-        std::copy_n(heads + ((b * H + h) * Tn + t) * hs, hs, dst + (((b * Tn + t) * parts + part) * H + h) * hs);
-}
 }  // namespace
 
-// The heads are gathered into [B, H, Tn, hs] buffers and the kernels above run on them: the values are those
-// of splitting the projection into contiguous heads first (the unfused path) bit for bit.
+template <class T>
+void attention_forward(const T* q, const T* k, const T* v, T* out, accum_t<T>* lse, std::int64_t BH, std::int64_t Tn,
+                       std::int64_t hs, double scale, bool causal) {
+  const Heads l = dense_heads(Tn, hs);
+  forward_impl(q, l, k, l, v, l, out, l, lse, BH, Tn, hs, scale, causal);
+}
+
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* dout, const accum_t<T>* lse, T* dq,
+                        T* dk, T* dv, std::int64_t BH, std::int64_t Tn, std::int64_t hs, double scale, bool causal) {
+  const Heads l = dense_heads(Tn, hs);
+  backward_impl(q, l, k, l, v, l, out, l, dout, l, lse, dq, l, dk, l, dv, l, BH, Tn, hs, scale, causal);
+}
+
+// ---- heads packed in a fused QKV projection's output ---------------------------------------------------------
+// The same loops over the packed layouts (no gathering copy for fp32/fp64; 16-bit heads are widened into
+// contiguous fp32 buffers as always), so the values are those of splitting into contiguous heads first.
 template <class T>
 void attention_qkv_forward(const T* qkv, T* out, accum_t<T>* lse, std::int64_t B, std::int64_t H, std::int64_t Tn,
                            std::int64_t hs, double scale) {
-  const std::int64_t n = B * H * Tn * hs;
-  if (n == 0) return;
-  std::vector<T> q(static_cast<std::size_t>(n)), k(q.size()), v(q.size()), o(q.size());
-  gather_heads(qkv, 3, 0, q.data(), B, H, Tn, hs);
-  gather_heads(qkv, 3, 1, k.data(), B, H, Tn, hs);
-  gather_heads(qkv, 3, 2, v.data(), B, H, Tn, hs);
-  attention_forward<T>(q.data(), k.data(), v.data(), o.data(), lse, B * H, Tn, hs, scale, true);
-  scatter_heads(o.data(), out, 1, 0, B, H, Tn, hs);
+  const std::int64_t C = H * hs;
+  const Heads in{H, Tn * 3 * C, hs, 3 * C}, io{H, Tn * C, hs, C};
+  forward_impl(qkv, in, qkv + C, in, qkv + 2 * C, in, out, io, lse, B * H, Tn, hs, scale, true);
 }
 
 template <class T>
 void attention_qkv_backward(const T* qkv, const T* out, const T* dout, const accum_t<T>* lse, T* dqkv, std::int64_t B,
                             std::int64_t H, std::int64_t Tn, std::int64_t hs, double scale) {
-  const std::int64_t n = B * H * Tn * hs;
-  if (n == 0) return;
-  const auto sz = static_cast<std::size_t>(n);
-  std::vector<T> q(sz), k(sz), v(sz), o(sz), g(sz), dq(sz), dk(sz), dv(sz);
-  gather_heads(qkv, 3, 0, q.data(), B, H, Tn, hs);
-  gather_heads(qkv, 3, 1, k.data(), B, H, Tn, hs);
-  gather_heads(qkv, 3, 2, v.data(), B, H, Tn, hs);
-  gather_heads(out, 1, 0, o.data(), B, H, Tn, hs);
-  gather_heads(dout, 1, 0, g.data(), B, H, Tn, hs);
-  attention_backward<T>(q.data(), k.data(), v.data(), o.data(), g.data(), lse, dq.data(), dk.data(), dv.data(), B * H,
-                        Tn, hs, scale, true);
-  scatter_heads(dq.data(), dqkv, 3, 0, B, H, Tn, hs);
-  scatter_heads(dk.data(), dqkv, 3, 1, B, H, Tn, hs);
-  scatter_heads(dv.data(), dqkv, 3, 2, B, H, Tn, hs);
+  const std::int64_t C = H * hs;
+  const Heads in{H, Tn * 3 * C, hs, 3 * C}, io{H, Tn * C, hs, C};
+  backward_impl(qkv, in, qkv + C, in, qkv + 2 * C, in, out, io, dout, io, lse, dqkv, in, dqkv + C, in, dqkv + 2 * C, in,
+                B * H, Tn, hs, scale, true);
 }
 
 TG_INSTANTIATE_KERNELS(TG_KERNELS_ATTENTION, TG_FLOATING_TYPES)

@@ -232,8 +232,8 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
 
 // ---- cross_entropy -----------------------------------------------------------------------------------
 template <class T>
-double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, std::int64_t rows,
-                             std::int64_t V, std::int64_t ignore_index, std::int64_t* count) {
+void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, accum_t<T>* loss_out,
+                           std::int64_t rows, std::int64_t V, std::int64_t ignore_index, std::int64_t count) {
   using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
   std::vector<double> loss(static_cast<std::size_t>(rows));
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
@@ -252,21 +252,18 @@ double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum
     loss[static_cast<std::size_t>(r)] = t == ignore_index ? 0.0 : static_cast<double>(l - scalar_cast<A>(xr[t]));
   }
   double total = 0;
-  std::int64_t c = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     if (targets[r] == ignore_index) continue;
     total += loss[static_cast<std::size_t>(r)];
-    ++c;
   }
-  *count = c;
-  return total;
+  *loss_out = static_cast<accum_t<T>>(count ? total / static_cast<double>(count) : std::nan(""));
 }
 
 template <class T>
-void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, double scale,
-                            T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, const accum_t<T>* dloss,
+                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
   using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
-  const A sc = static_cast<A>(scale);
+  const A sc = static_cast<A>(count ? static_cast<double>(*dloss) / static_cast<double>(count) : 0.0);
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = logits + r * V;

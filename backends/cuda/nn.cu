@@ -210,11 +210,26 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t
   }
 }
 
+/// loss[0] = (Σ_r row_loss[r] over counted rows, fp64, a fixed order: each thread sums a strided share, then
+/// the block sums the shares) / count: one block, so the mean is written without a read-back.
+template <class T>
+__global__ void cross_entropy_mean_kernel(const acc_t<T>* row_loss, const std::int64_t* targets, acc_t<T>* loss,
+                                          std::int64_t rows, std::int64_t ignore_index, std::int64_t count) {
+  __shared__ double shm[32];
+  double s = 0;
+  for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+    if (targets[r] != ignore_index) s += static_cast<double>(row_loss[r]);
+  s = detail::block_sum(s, shm);
+  if (threadIdx.x == 0) loss[0] = static_cast<acc_t<T>>(count ? s / static_cast<double>(count) : ::nan(""));
+}
+
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_t* targets, const acc_t<T>* lse,
-                                              acc_t<T> scale, T* dlogits, std::int64_t rows, std::int64_t V,
-                                              std::int64_t ignore_index) {
+                                              const acc_t<T>* dloss, std::int64_t count, T* dlogits,
+                                              std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
   using A = acc_t<T>;
+  // the CPU's scale: the upstream gradient over the count in fp64, rounded once
+  const A scale = static_cast<A>(count ? static_cast<double>(dloss[0]) / static_cast<double>(count) : 0.0);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = logits + r * V;
     T* dr = dlogits + r * V;
@@ -317,37 +332,32 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
 }
 
 template <class T>
-double cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, std::int64_t rows,
-                             std::int64_t V, std::int64_t ignore_index, std::int64_t* count) {
+void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, accum_t<T>* loss,
+                           std::int64_t rows, std::int64_t V, std::int64_t ignore_index, std::int64_t count) {
   using A = acc_t<T>;
-  *count = 0;
-  if (rows == 0) return 0.0;
+  if (rows == 0) {
+    cross_entropy_mean_kernel<T><<<1, 32, 0, detail::stream()>>>(nullptr, nullptr, loss, 0, ignore_index, 0);  // NaN
+    TG_CUDA_LAUNCHED();
+    return;
+  }
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t)), wl(static_cast<std::size_t>(rows) * sizeof(A));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
   cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(logits, dt, lse, wl.as<A>(), rows, V,
                                                                                 ignore_index);
   TG_CUDA_LAUNCHED();
-  std::vector<A> loss(static_cast<std::size_t>(rows));
-  detail::download(loss.data(), wl.as<A>(), static_cast<std::int64_t>(loss.size()));
-  double total = 0;  // row order in fp64, as on the CPU
-  std::int64_t c = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if (targets[r] == ignore_index) continue;
-    total += static_cast<double>(loss[static_cast<std::size_t>(r)]);
-    ++c;
-  }
-  *count = c;
-  return total;
+  // Note [the loss stays on the device]: the mean is reduced on the GPU; nothing is read back here
+  cross_entropy_mean_kernel<T><<<1, 1024, 0, detail::stream()>>>(wl.as<A>(), dt, loss, rows, ignore_index, count);
+  TG_CUDA_LAUNCHED();
 }
 
 template <class T>
-void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, double scale,
-                            T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, const accum_t<T>* dloss,
+                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
   if (rows * V == 0) return;
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
   cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
-      logits, dt, lse, static_cast<acc_t<T>>(scale), dlogits, rows, V, ignore_index);
+      logits, dt, lse, dloss, count, dlogits, rows, V, ignore_index);
   TG_CUDA_LAUNCHED();
 }
 

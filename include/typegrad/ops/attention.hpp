@@ -65,8 +65,8 @@ struct AttentionQkvSaved {
 /// causal_attention of the n_head heads packed in a fused QKV projection's output: qkv (B,T,3C), its last dim
 /// q, k, v (C each, head h at columns h·hs .. h·hs + hs of each) -> (B,T,C) with head h at the same columns.
 /// The values of splitting qkv into heads, causal_attention and merging the heads back; but the kernels read
-/// and write the packed layouts (on the GPU; the CPU gathers the heads inside its kernel), so no head-layout
-/// copy is recorded and the backward writes dqkv in one tensor.
+/// and write the packed layouts in place (16-bit heads are widened to fp32 on the CPU, as causal_attention's
+/// are), so no head-layout copy is made or recorded and the backward writes dqkv in one tensor.
 template <FloatingElement T, Device D>
 Tensor<T, D> causal_attention_qkv(const Tensor<T, D>& qkv, std::int64_t n_head) {
   TG_CHECK(qkv.dim() == 3, "causal_attention_qkv: qkv must be (B,T,3C), got ", qkv.shape());

@@ -9,6 +9,16 @@
 
 namespace tg {
 
+// Note [the loss stays on the device]
+// The cross-entropy's forward writes its mean into a scalar on the logits' device, and its backward reads the
+// upstream gradient there (the kernels take device pointers; the count of counted targets comes from the
+// targets, which stay on the host). So on a GPU neither direction reads anything back, and a training step's
+// only read-backs are the ones it chooses: TrainStep keeps each micro-batch's loss on the device and reads
+// them all once, after the last micro-batch's backward and before the step's boundary decides on them (the
+// non-finite-loss check, the logged loss). On the CPU the values are unchanged: the kernel still sums the
+// rows' losses in row order in fp64 and divides by the count in fp64; the GPU sums them in fp64 in a fixed
+// order (one block), within rounding of the CPU.
+
 namespace detail {
 template <Element T, Device D>
 struct CrossEntropySaved {
@@ -37,16 +47,22 @@ Tensor<Out, D> cross_entropy_as(const Tensor<T, D>& logits, const Tensor<std::in
   detail::check_index_range(tc, V, "cross_entropy", "target", "the number of classes V =", &ignore_index);
   const Tensor<T, D> lc = logits.contiguous_raw();
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
-  std::int64_t count = 0;
-  const double total = TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), rows, V, ignore_index, &count));
-  Tensor<Out, D> out = Tensor<Out, D>::full(Shape(), count ? total / static_cast<double>(count) : std::nan(""));
+  std::int64_t count = 0;  // the targets that count, from the host's targets: no read-back
+  for (std::int64_t r = 0; r < rows; ++r) count += tc.data()[r] != ignore_index;
+  // Note [the loss stays on the device]: the kernel writes the mean into a scalar on D
+  Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty(Shape());
+  TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), mean.data(), rows, V, ignore_index, count));
+  Tensor<Out, D> out;
+  if constexpr (std::is_same_v<Out, accum_t<T>>) out = mean;
+  else out = mean.template to<Out>();
   autodiff::record("cross_entropy", out, detail::CrossEntropySaved<T, D>{lc.detach(), tc, lse, count},
                    [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<Out, D>& dout, auto) {
-                     const double g = scalar_cast<double>(dout.item());
+                     Tensor<accum_t<T>, D> g;  // the upstream gradient as a scalar on D, read by the kernel
+                     if constexpr (std::is_same_v<Out, accum_t<T>>) g = dout.contiguous_raw();
+                     else g = dout.template to<accum_t<T>>();
                      Tensor<T, D> dl = Tensor<T, D>::empty(s.logits.shape());
-                     const double scale = s.count ? g / static_cast<double>(s.count) : 0.0;
-                     TG_BACKEND(D, cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), scale,
-                                                             dl.data(), rows, V, ignore_index));
+                     TG_BACKEND(D, cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), g.data(),
+                                                             s.count, dl.data(), rows, V, ignore_index));
                      return std::tuple{dl};
                    }, logits);
   return out;

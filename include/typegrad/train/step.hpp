@@ -125,15 +125,22 @@ class TrainStep {
     r.scale = precision_.scaler.scale();
     r.lr = schedule_->lr();
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
+    losses_.clear();
     for (std::int64_t m = 0; m < n; ++m) {
       const auto batch = next_batch();
       const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
-      const double value = static_cast<double>(loss.item());
-      r.loss += value / static_cast<double>(n);
-      accum_.note_loss(value);
+      losses_.push_back(loss.detach());  // Note [the loss stays on the device]: read at the boundary
       if (options_.sync) options_.sync->before_backward(m, n);
       accum_.scale(loss, precision_.scaler).backward();
       if (options_.sync) options_.sync->after_backward(m, n);
+      if (m + 1 == n) {  // the step's one read of its losses, before the boundary decides on them
+        for (const auto& l : losses_) {
+          const double value = static_cast<double>(l.item());
+          r.loss += value / static_cast<double>(n);
+          accum_.note_loss(value);
+        }
+        losses_.clear();
+      }
       if (m + 1 == n && options_.before_update) options_.before_update();
       if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
         if (!accum_.last_step_skipped()) {
@@ -194,6 +201,7 @@ class TrainStep {
     else return Accum(1);
   }
   precision_type precision_;
+  std::vector<Tensor<fp32, D>> losses_;  // this step's micro-batch losses, on D until the boundary reads them
   Accum accum_;
   optim::Schedule* schedule_;
   StepOptions options_;

@@ -7,8 +7,8 @@
 // * Tensor data pointers are device pointers; Shapes and scalars are host values passed by value to
 //   the kernels. Index pointers (embedding indices, cross-entropy targets) are HOST pointers: the ops
 //   keep their integer inputs on the CPU (range checks happen there), and the launcher uploads them.
-// * Every call is asynchronous on the default stream (stream order is the only ordering the backend
-//   relies on) except cross_entropy_forward, which returns the summed loss and so synchronizes.
+// * Every call is asynchronous on the current stream (stream order is the only ordering the backend
+//   relies on); the cross-entropy writes its loss on the device (Note [the loss stays on the device]).
 // * Floating kernels are instantiated for fp64, fp32, fp16 and bf16 (math in accum_t<T>: fp32 for the
 //   16-bit types); copy_strided for every pair of the dtype master list.
 // * GEMMs run through cuBLASLt (cuBLAS when Lt has no algorithm for a layout): fp16/bf16 operands with

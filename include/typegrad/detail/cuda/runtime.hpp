@@ -30,7 +30,7 @@ void set_device(int index);
 // stream: the legacy default stream (nullptr) unless a StreamGuard selects a Stream. Work on one stream runs
 // in issue order; work on different streams may overlap and is ordered only through events (Event::record
 // on one stream, Event::wait on another) or synchronization. Calls that hand data to the host
-// (copy_device_to_host, item(), cross_entropy_forward's loss, the optimizers' read-backs) synchronize the
+// (copy_device_to_host, item(), the optimizers' read-backs) synchronize the
 // current stream only. The caching allocator keeps one free list per stream: a block freed after its use
 // on stream s is handed out again only to allocations made while s is current, so reuse is ordered after
 // the use. A tensor allocated on one stream and used on another must not be freed before that use has
