@@ -8,6 +8,7 @@
 #define TG_KERNELS_ONLY
 #include "typegrad/ops/add_layernorm.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "layernorm_row.hpp"
 #include "parallel.hpp"
 
 namespace tg::backend::cpu {
@@ -29,19 +30,7 @@ void add_layernorm_forward(const T* x, const T* r, const T* w, const T* b, T* h,
       hr[j] = v;
       s += scalar_cast<A>(v);
     }
-    const A mu = s / static_cast<A>(n);
-    A v = 0;  // two passes, as layernorm_forward: the variance of centred values does not cancel
-    for (std::int64_t j = 0; j < n; ++j) {
-      const A d = scalar_cast<A>(hr[j]) - mu;
-      v += d * d;
-    }
-    const A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
-    mean[i] = mu;
-    rstd[i] = rs;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const A o = (scalar_cast<A>(hr[j]) - mu) * rs * scalar_cast<A>(w[j]);
-      yr[j] = scalar_cast<T>(o + scalar_cast<A>(b[j]));
-    }
+    layernorm_row_from_sum<A>(hr, s, w, b, yr, mean[i], rstd[i], n, eps);  // layernorm_forward's passes over h
   }
 }
 

@@ -10,6 +10,7 @@
 #include "typegrad/amp/rule.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
+#include "layernorm_row.hpp"
 #include "parallel.hpp"
 
 namespace tg::backend::cpu {
@@ -103,19 +104,7 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mea
     T* yr = y + r * n;
     A s = 0;
     for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(xr[j]);
-    const A mu = s / static_cast<A>(n);
-    A v = 0;  // two passes: the variance of centred values does not cancel
-    for (std::int64_t j = 0; j < n; ++j) {
-      const A d = scalar_cast<A>(xr[j]) - mu;
-      v += d * d;
-    }
-    const A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
-    mean[r] = mu;
-    rstd[r] = rs;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const A o = (scalar_cast<A>(xr[j]) - mu) * rs * scalar_cast<A>(w[j]);
-      yr[j] = scalar_cast<T>(b ? o + scalar_cast<A>(b[j]) : o);
-    }
+    layernorm_row_from_sum<A>(xr, s, w, b, yr, mean[r], rstd[r], n, eps);
   }
 }
 

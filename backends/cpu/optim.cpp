@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/detail/math.hpp"
 
@@ -151,9 +153,35 @@ void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const Ada
 }
 
 // ---- multi-tensor steps: the per-tensor kernels, tensor after tensor (the CUDA backend launches once) ----
+// Note [one parallel region per multi-tensor step]
+// A group's Adam step is one OpenMP region over the group's elements laid end to end: each thread takes an
+// equal contiguous share, which may span several tensors, and runs math::adam_update on it. The element
+// function and its constants are the per-tensor step's, so the values are the same bit for bit; what goes is
+// one fork and join per tensor (a GPT's ~100 small tensors cost more in barriers than in arithmetic on a
+// small model). No allocation: each thread finds its tensors by walking the sizes.
 template <class T>
 void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& s) {
-  for (int i = 0; i < count; ++i) adam_step<T>(tensors[i].p, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, s);
+  std::int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += tensors[i].n;
+  const auto c = math::adam_consts<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+  auto run = [&](std::int64_t lo, std::int64_t hi) {  // elements [lo, hi) of the concatenation
+    std::int64_t start = 0;
+    for (int i = 0; i < count && start < hi; ++i) {
+      const AdamTensor<T>& x = tensors[i];
+      const std::int64_t a = std::max(lo, start) - start, b = std::min(hi, start + x.n) - start;
+      for (std::int64_t j = a; j < b; ++j) math::adam_update(x.p[j], x.g[j], x.m[j], x.v[j], c);
+      start += x.n;
+    }
+  };
+  if (total <= kGrain) {
+    run(0, total);
+    return;
+  }
+#pragma omp parallel
+  {
+    const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    run(total * t / nt, total * (t + 1) / nt);
+  }
 }
 template <class T>
 void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& s) {

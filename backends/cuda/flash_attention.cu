@@ -403,10 +403,16 @@ __global__ void __launch_bounds__(kBlockThreads) flash_backward_dq_kernel(
   }
 }
 
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device (`done`
+/// holds a bit per device ordinal below 64; higher ordinals set it on every call).
 template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
-  // once per kernel instantiation (function-local static per template instance of the caller)
+void allow_smem(Kernel kernel, std::size_t bytes, std::atomic<std::uint64_t>& done) {
+  int dev = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = dev >= 0 && dev < 64 ? std::uint64_t{1} << dev : 0;
+  if (bit && (done.load() & bit)) return;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.fetch_or(bit);
 }
 
 /// Whether the fused kernels may run: TG_CUDA_ATTENTION=composite turns them off at start, set_flash_attention
@@ -424,8 +430,8 @@ std::atomic<std::int64_t> g_flash_calls{0};
 template <class T, int HS>
 void forward_hs(const T* q, const T* k, const T* v, Heads in, T* out, Heads io, float* lse, std::int64_t B,
                 std::int64_t H, std::int64_t Tn, float scale, bool causal) {
-  static const bool ready = (allow_smem(flash_forward_kernel<T, HS>, FwdSmem<HS>::bytes), true);
-  (void)ready;
+  static std::atomic<std::uint64_t> ready{0};
+  allow_smem(flash_forward_kernel<T, HS>, FwdSmem<HS>::bytes, ready);
   const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
   flash_forward_kernel<T, HS><<<grid, kBlockThreads, FwdSmem<HS>::bytes, detail::stream()>>>(q, k, v, in, out, io, lse,
                                                                                             H, Tn, scale, causal);
@@ -435,9 +441,9 @@ void forward_hs(const T* q, const T* k, const T* v, Heads in, T* out, Heads io, 
 template <class T, int HS>
 void backward_hs(const T* q, const T* k, const T* v, Heads in, const T* out, const T* dout, Heads io, const float* lse,
                  T* dq, T* dk, T* dv, std::int64_t B, std::int64_t H, std::int64_t Tn, float scale, bool causal) {
-  static const bool ready = (allow_smem(flash_backward_dkdv_kernel<T, HS>, DkvSmem<HS>::bytes),
-                             allow_smem(flash_backward_dq_kernel<T, HS>, DqSmem<HS>::bytes), true);
-  (void)ready;
+  static std::atomic<std::uint64_t> ready_dkdv{0}, ready_dq{0};
+  allow_smem(flash_backward_dkdv_kernel<T, HS>, DkvSmem<HS>::bytes, ready_dkdv);
+  allow_smem(flash_backward_dq_kernel<T, HS>, DqSmem<HS>::bytes, ready_dq);
   const std::int64_t rows = B * H * Tn;
   detail::Workspace wd(static_cast<std::size_t>(rows) * sizeof(float));
   float* d = wd.as<float>();

@@ -62,13 +62,6 @@ OpEntry add_layernorm_entry() {
 }
 TG_REGISTER_OP(add_layernorm_entry());
 
-template <class T>
-bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor<T> ac = a.contiguous(), bc = b.contiguous();
-  return std::memcmp(ac.data(), bc.data(), static_cast<std::size_t>(ac.numel()) * sizeof(T)) == 0;
-}
-
 // The fused pair against `add` then `layernorm`, forward and every gradient, with the sum also feeding a
 // residual add downstream (a pre-LN block's shape): equal bit for bit (Note [fused residual add and LayerNorm]).
 template <class T>
@@ -77,13 +70,8 @@ void check_against_unfused(std::int64_t rows, std::int64_t n) {
   const Tensor<float> x0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, gen), r0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, gen);
   const Tensor<float> w0 = Tensor<float>::normal({n}, 1.f, 0.2f, gen), b0 = Tensor<float>::normal({n}, 0.f, 0.2f, gen);
   const Tensor<float> u0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, gen);
-  auto leaf = [](const Tensor<float>& t) {
-    Tensor<T> c = t.to<T>().detach();
-    c.requires_grad_();
-    return c;
-  };
-  Tensor<T> xf = leaf(x0), rf = leaf(r0), wf = leaf(w0), bf = leaf(b0);
-  Tensor<T> xu = leaf(x0), ru = leaf(r0), wu = leaf(w0), bu = leaf(b0);
+  Tensor<T> xf = leaf_as<T>(x0), rf = leaf_as<T>(r0), wf = leaf_as<T>(w0), bf = leaf_as<T>(b0);
+  Tensor<T> xu = leaf_as<T>(x0), ru = leaf_as<T>(r0), wu = leaf_as<T>(w0), bu = leaf_as<T>(b0);
   const Tensor<T> u = u0.to<T>();
   const AddLayerNorm<T, cpu> f = tg::add_layernorm(xf, rf, wf, bf);
   const Tensor<T> hu = tg::add(xu, ru), yu = tg::layernorm(hu, wu, bu);

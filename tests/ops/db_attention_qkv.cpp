@@ -66,20 +66,11 @@ OpEntry attention_qkv_entry() {
 TG_REGISTER_OP(attention_qkv_entry());
 
 template <class T>
-bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor<T> ac = a.contiguous(), bc = b.contiguous();
-  return std::memcmp(ac.data(), bc.data(), static_cast<std::size_t>(ac.numel()) * sizeof(T)) == 0;
-}
-
-template <class T>
 void check_against_split_heads(std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t hs) {
   const std::int64_t C = H * hs;
   Generator gen(3);
   const Tensor<float> x0 = Tensor<float>::normal({B, Tn, 3 * C}, 0.f, 1.f, gen), u0 = Tensor<float>::normal({B, Tn, C}, 0.f, 1.f, gen);
-  Tensor<T> xf = x0.to<T>().detach(), xs = x0.to<T>().detach();
-  xf.requires_grad_();
-  xs.requires_grad_();
+  Tensor<T> xf = leaf_as<T>(x0), xs = leaf_as<T>(x0);
   const Tensor<T> yf = tg::causal_attention_qkv(xf, H);
   auto heads = [&](std::int64_t part) { return xs.narrow(2, part * C, C).reshape({B, Tn, H, hs}).transpose(1, 2).contiguous(); };
   const Tensor<T> ys = tg::causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, Tn, C});

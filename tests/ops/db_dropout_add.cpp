@@ -54,23 +54,11 @@ OpEntry dropout_add_entry() {
 TG_REGISTER_OP(dropout_add_entry());
 
 template <class T>
-bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor<T> ac = a.contiguous(), bc = b.contiguous();
-  return std::memcmp(ac.data(), bc.data(), static_cast<std::size_t>(ac.numel()) * sizeof(T)) == 0;
-}
-
-template <class T>
 void check_against_unfused(std::int64_t rows, std::int64_t n, double p) {
   Generator init(3);
   const Tensor<float> x0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, init), r0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, init);
   const Tensor<float> u0 = Tensor<float>::normal({rows, n}, 0.f, 1.f, init);
-  auto leaf = [](const Tensor<float>& t) {
-    Tensor<T> c = t.to<T>().detach();
-    c.requires_grad_();
-    return c;
-  };
-  Tensor<T> xf = leaf(x0), rf = leaf(r0), xu = leaf(x0), ru = leaf(r0);
+  Tensor<T> xf = leaf_as<T>(x0), rf = leaf_as<T>(r0), xu = leaf_as<T>(x0), ru = leaf_as<T>(r0);
   Generator gf(11), gu(11);
   gf.advance(5);
   gu.advance(5);

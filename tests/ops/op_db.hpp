@@ -5,6 +5,7 @@
 // The generic tests in test_op_db.cpp walk every entry (see docs/adding-an-op.md).
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -155,6 +156,22 @@ Tensor<U, D> on_device_of(const Tensor<T, D>&, const Tensor<U, cpu>& t) {
 }
 template <class X>
 using device_of = typename std::decay_t<X>::device_type;
+
+// ---- helpers for behaviour tests ---------------------------------------------------------------
+/// Whether two CPU tensors hold the same values bit for bit (same shape, any strides).
+template <class T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor<T> ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data(), bc.data(), static_cast<std::size_t>(ac.numel()) * sizeof(T)) == 0;
+}
+/// A fresh leaf of type T holding `x`'s values (rounded once), requiring its gradient.
+template <class T>
+Tensor<T> leaf_as(const Tensor<float>& x) {
+  Tensor<T> c = x.to<T>().detach();
+  c.requires_grad_();
+  return c;
+}
 
 // ---- helpers for references --------------------------------------------------------------------
 /// Contiguous fp64 copy's raw data.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <typegrad/amp/scaler.hpp>
+#include <typegrad/detail/cpu/optim_kernels.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/ops/cross_entropy.hpp>
 
@@ -193,4 +194,45 @@ TEST(AdamMultiTensor, DrivesGradAccumulationLikePerTensor) {
     EXPECT_LT(tg::optim::testing::rel_err_inf(dev_params[i].tensor, ref_params[i].tensor), 1e-4) << ref_params[i].name;
 }
 
+}  // namespace
+
+namespace {
+// The CPU's multi-tensor kernel runs a group as one parallel region over its elements laid end to end (Note
+// [one parallel region per multi-tensor step]): tensors of odd sizes, their concatenation split between the
+// threads inside tensors, against the per-tensor kernel: p, m and v equal bit for bit over three steps.
+TEST(AdamMultiTensor, OneParallelRegionEqualsThePerTensorKernel) {
+  const std::vector<std::int64_t> sizes{7, 40000, 3, 12345, 1, 65537};
+  struct Buffers {
+    std::vector<std::vector<float>> p, g, m, v;
+  };
+  auto fill = [&](std::uint64_t seed) {
+    Buffers b;
+    tg::Generator gen(seed);
+    for (std::int64_t n : sizes) {
+      b.p.push_back(tg::Tensor<float>::normal({n}, 0.f, 1.f, gen).to_vector());
+      b.g.push_back(tg::Tensor<float>::normal({n}, 0.f, 1.f, gen).to_vector());
+      b.m.push_back(tg::Tensor<float>::normal({n}, 0.f, 0.1f, gen).to_vector());
+      b.v.push_back(tg::Tensor<float>::uniform({n}, 0.f, 0.1f, gen).to_vector());
+    }
+    return b;
+  };
+  Buffers multi = fill(42), single = fill(42);
+  tg::backend::AdamScalars s;
+  s.lr = 1e-3, s.beta1 = 0.9, s.beta2 = 0.95, s.eps = 1e-8, s.weight_decay = 0.1, s.decoupled = true;
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    s.step = step;
+    std::vector<tg::backend::AdamTensor<float>> list;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      list.push_back({multi.p[i].data(), multi.g[i].data(), multi.m[i].data(), multi.v[i].data(), sizes[i]});
+    tg::backend::cpu::adam_step_multi<float>(list.data(), static_cast<int>(list.size()), s);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      tg::backend::cpu::adam_step<float>(single.p[i].data(), single.g[i].data(), single.m[i].data(), single.v[i].data(),
+                                         sizes[i], s);
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(multi.p[i], single.p[i]) << "p of tensor " << i;
+    EXPECT_EQ(multi.m[i], single.m[i]) << "m of tensor " << i;
+    EXPECT_EQ(multi.v[i], single.v[i]) << "v of tensor " << i;
+  }
+}
 }  // namespace
