@@ -53,6 +53,8 @@ void set_flash_attention(bool enabled) {
 }
 bool flash_attention_enabled() { return false; }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
+double sum_squares_multi(const float* const*, const std::int64_t*, int) { no_backend("sum_squares_multi"); }
+void scale_multi(float* const*, const std::int64_t*, int, float) { no_backend("scale_multi"); }
 // int8 quantizers and GEMMs (detail/cuda/gemm_int8.hpp)
 void quantize_rows_int8(const float*, std::int64_t, std::int64_t, std::int64_t, std::int8_t*, float*) {
   no_backend("quantize_rows_int8");

@@ -50,6 +50,34 @@ __global__ void unscale_kernel(float* const* grads, const std::int64_t* sizes, c
   }
 }
 
+/// Σ x² of each chunk in fp64 (a fixed-order block sum), into partials[b].
+__global__ void sum_squares_multi_kernel(const float* const* xs, const std::int64_t* sizes, const Chunk* chunks,
+                                         std::int64_t n_chunks, double* partials) {
+  __shared__ double shm[32];
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    const float* x = xs[chunks[b].tensor];
+    const std::int64_t n = sizes[chunks[b].tensor];
+    const std::int64_t end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
+    double s = 0;
+    for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) {
+      const double v = static_cast<double>(x[i]);
+      s += v * v;
+    }
+    s = detail::block_sum(s, shm);
+    if (threadIdx.x == 0) partials[b] = s;
+  }
+}
+
+__global__ void scale_multi_kernel(float* const* xs, const std::int64_t* sizes, const Chunk* chunks, std::int64_t n_chunks,
+                                   float s) {
+  for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
+    float* x = xs[chunks[b].tensor];
+    const std::int64_t n = sizes[chunks[b].tensor];
+    const std::int64_t end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
+    for (std::int64_t i = chunks[b].start + threadIdx.x; i < end; i += blockDim.x) x[i] *= s;
+  }
+}
+
 template <bool kMomentum>
 __global__ void sgd_multi_kernel(const SgdTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                  math::SgdConsts<float> c) {
@@ -196,6 +224,39 @@ bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count
   int found = 0;
   detail::download(&found, wf.as<int>(), 1);
   return found != 0;
+}
+
+double sum_squares_multi(const float* const* xs, const std::int64_t* sizes, int count) {
+  if (count <= 0) return 0.0;
+  const std::vector<Chunk> chunks = chunk_table(count, sizes);
+  if (chunks.empty()) return 0.0;
+  const auto n_chunks = static_cast<std::int64_t>(chunks.size());
+  detail::Workspace wx(static_cast<std::size_t>(count) * sizeof(float*)), ws(static_cast<std::size_t>(count) * sizeof(std::int64_t)),
+      wc(chunks.size() * sizeof(Chunk)), wp(chunks.size() * sizeof(double));
+  const float* const* dx = detail::upload(wx, xs, count);
+  const std::int64_t* ds = detail::upload(ws, sizes, count);
+  const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
+  sum_squares_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dx, ds, dc, n_chunks, wp.as<double>());
+  TG_CUDA_LAUNCHED();
+  std::vector<double> partials(chunks.size());
+  detail::download(partials.data(), wp.as<double>(), n_chunks);
+  double total = 0;  // chunk order: tensor order, then position
+  for (double p : partials) total += p;
+  return total;
+}
+
+void scale_multi(float* const* xs, const std::int64_t* sizes, int count, float s) {
+  if (count <= 0) return;
+  const std::vector<Chunk> chunks = chunk_table(count, sizes);
+  if (chunks.empty()) return;
+  const auto n_chunks = static_cast<std::int64_t>(chunks.size());
+  detail::Workspace wx(static_cast<std::size_t>(count) * sizeof(float*)), ws(static_cast<std::size_t>(count) * sizeof(std::int64_t)),
+      wc(chunks.size() * sizeof(Chunk));
+  float* const* dx = detail::upload(wx, xs, count);
+  const std::int64_t* ds = detail::upload(ws, sizes, count);
+  const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
+  scale_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dx, ds, dc, n_chunks, s);
+  TG_CUDA_LAUNCHED();
 }
 
 // adafactor_step_multi is in optim_tensor.cu, next to the per-tensor Adafactor kernels it generalizes.

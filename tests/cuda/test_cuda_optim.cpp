@@ -264,6 +264,31 @@ TEST_F(CudaOptim, UnscaleScalesEveryTensorAndFindsInfAndNan) {
   }
 }
 
+// Clipping's global norm on the GPU: one multi-tensor Σ g² launch and one rescale launch, against the CPU's
+// per-tensor fp64 sums (equal up to the order of the fp64 partials) and its rescale (bit for bit: x·float(coef)).
+TEST_F(CudaOptim, ClipGradNormMultiTensorMatchesTheCpu) {
+  const std::vector<std::int64_t> sizes{5, (1 << 16) + 9, 1, 3000};
+  std::vector<tg::optim::BasicParam<tg::cpu>> host;
+  std::vector<tg::optim::BasicParam<tg::cuda>> dev;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<float> v = random_values(sizes[i], 10 + i, -2.f, 2.f);
+    const std::vector<double> w(v.begin(), v.end());
+    const tg::Tensor<float> u = tg::Tensor<float>::from_values({sizes[i]}, w);
+    tg::Tensor<float> p = tg::Tensor<float>::zeros({sizes[i]});
+    p.requires_grad_();
+    tg::sum(p * u).backward();  // the gradient is u
+    tg::Tensor<float, tg::cuda> q = tg::Tensor<float>::zeros({sizes[i]}).to<tg::cuda>();
+    q.requires_grad_();
+    tg::sum(q * u.to<tg::cuda>()).backward();
+    host.push_back({"p" + std::to_string(i), p});
+    dev.push_back({"p" + std::to_string(i), q});
+  }
+  const double want = tg::optim::clip_grad_norm(host, 1.0), got = tg::optim::clip_grad_norm(dev, 1.0);
+  EXPECT_NEAR(got, want, 1e-12 * want);
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    EXPECT_EQ(dev[i].tensor.grad().to<tg::cpu>().to_vector(), host[i].tensor.grad().to_vector()) << "gradient " << i;
+}
+
 /// Copies device results back and compares them with the CPU's within a few ulps (the device may contract
 /// to FMA differently and sums its fp64 partials in another order).
 void expect_gpu_close(const tg::Tensor<float, tg::cuda>& got, const std::vector<float>& want, float floor, const char* what) {

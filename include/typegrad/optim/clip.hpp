@@ -11,6 +11,7 @@
 
 #include "typegrad/autodiff/tape.hpp"
 #include "typegrad/detail/cpu/optim_kernels.hpp"
+#include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/reduce.hpp"
 #include "typegrad/ops/views.hpp"
@@ -55,6 +56,31 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank*
         if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) backend::cpu::scale_inplace<fp32>(g.data(), g.numel(), coef);
       });
     return total;
+  }
+  if constexpr (std::is_same_v<D, cuda>) {
+    // One multi-tensor launch for Σ g² and one for the rescale instead of a chain of launches per parameter,
+    // when every gradient is contiguous (as backward makes them); otherwise the per-tensor ops below.
+    std::vector<float*> all, counted;
+    std::vector<std::int64_t> all_sizes, counted_sizes;
+    bool contiguous = true;
+    for_each([&](const BasicParam<D>& p) {
+      const Tensor<fp32, D> g = p.tensor.grad();
+      if (!g.defined() || g.numel() == 0) return;
+      contiguous = contiguous && g.is_contiguous();
+      all.push_back(g.data());
+      all_sizes.push_back(g.numel());
+      if (cross && cross->sharded_grads() && !cross->counts_in_norm(p.name)) return;
+      counted.push_back(g.data());
+      counted_sizes.push_back(g.numel());
+    });
+    if (contiguous) {
+      const double sq = backend::cuda::sum_squares_multi(counted.data(), counted_sizes.data(), static_cast<int>(counted.size()));
+      const double total = std::sqrt(across_ranks(sq, cross));
+      if (!std::isfinite(total)) return total;
+      const double coef = max_norm / (total + 1e-6);
+      if (coef < 1.0) backend::cuda::scale_multi(all.data(), all_sizes.data(), static_cast<int>(all.size()), static_cast<float>(coef));
+      return total;
+    }
   }
   NoGrad no_grad;
   Tensor<fp64, D> sq;

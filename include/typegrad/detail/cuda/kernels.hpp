@@ -59,6 +59,11 @@ bool flash_attention_enabled();
 /// The loss scaler's unscale: grads[i][j] *= inv_scale over every tensor in one launch; returns whether
 /// any element was inf or NaN (one 4-byte read back, so it synchronizes).
 bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count, float inv_scale);
+/// Σ x² over every element of `count` contiguous fp32 tensors in one launch: per-chunk fp64 partials read
+/// back and added in chunk order (deterministic; the read-back synchronizes). The global norm of clipping.
+double sum_squares_multi(const float* const* xs, const std::int64_t* sizes, int count);
+/// xs[i][j] *= s over every tensor in one launch (clipping's rescale).
+void scale_multi(float* const* xs, const std::int64_t* sizes, int count, float s);
 
 }  // namespace tg::backend::cuda
 
