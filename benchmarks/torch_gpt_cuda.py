@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (slower start)")
+    ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
+                    help="torch.compile's mode when --compile is given")
     a = ap.parse_args()
 
     try:
@@ -81,7 +83,7 @@ def main():
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
     n_params = sum(p.numel() for p in model.parameters())
-    step_model = torch.compile(model) if a.compile else model
+    step_model = torch.compile(model, mode=a.compile_mode) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     g = torch.Generator(device="cpu").manual_seed(7)
 

@@ -5,7 +5,9 @@
 # copies and the trainer's step on CUDA vs the CPU), run `train_gpt --device cuda` end to end against the
 # CPU trainer (tests/trainer/train_gpt_cuda.sh; needs CLI11 like every train_gpt build), run the GPU
 # training benchmark (nn::BasicGPT<cuda> + BasicAdamW<cuda> + MixedPrecision: gpt2, bf16, B=16, T=1024) and
-# PyTorch's equivalent when torch with CUDA is importable, and print a short table.
+# PyTorch's equivalent when torch with CUDA is importable (eager, then torch.compile in modes default and
+# reduce-overhead while time is left), the fused attention against the composite and PyTorch's SDPA, and print
+# a short table. Its last line is `ratio typegrad/pytorch_eager X.XX` (tokens/s, the benchmark's shape).
 # Budget: 8 minutes (TG_GPU_BUDGET seconds) in all. Every stage runs under `timeout` with a limit that
 # leaves the later stages their minimum, so the script cannot run past the budget: a stage that runs out
 # of time is reported as "timed out" in the table (and fails the check) instead of stopping the script.
@@ -229,6 +231,24 @@ else
   PT_NOTE="PyTorch with CUDA is not importable here: no comparison"
 fi
 
+# ---- torch.compile'd PyTorch (modes default and reduce-overhead), when time is left -----------------------------
+PT_COMPILED=()
+for mode in default reduce-overhead; do
+  CLIMIT=$(stage_limit 120 45)
+  if [ -n "$PT_TPS" ] && [ "$CLIMIT" -ge 30 ]; then
+    step "PyTorch benchmark, torch.compile mode $mode: $BENCH_ARGS (at most ${CLIMIT} s)"
+    # shellcheck disable=SC2086
+    if limited "$CLIMIT" "$LOG/bench_torch_compile_$mode.log" python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --compile --compile-mode "$mode"; then
+      PT_COMPILED+=("$mode $(field tokens_per_s "$LOG/bench_torch_compile_$mode.log") tokens/s")
+    else
+      PT_COMPILED+=("$mode failed or cut short ($LOG/bench_torch_compile_$mode.log)")
+    fi
+    tail -3 "$LOG/bench_torch_compile_$mode.log"
+  else
+    PT_COMPILED+=("$mode not run (no time left, or no PyTorch)")
+  fi
+done
+
 # ---- the fused attention alone: typegrad fused vs composite, PyTorch SDPA (same shape) -------------------------
 ATTN_ARGS="--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64"
 ATTN="-" ATTN_TORCH="-"
@@ -270,6 +290,7 @@ echo "| typegrad MFU | $(pct "$TG_MFU") |"
 echo "| PyTorch tokens/s | ${PT_TPS:-$PT_NOTE} |"
 echo "| PyTorch MFU | $(pct "$PT_MFU") |"
 echo "| typegrad / PyTorch | $RATIO |"
+for row in "${PT_COMPILED[@]}"; do echo "| PyTorch torch.compile | $row |"; done
 echo "| attention fwd+bwd, typegrad ($ATTN_ARGS) | $ATTN |"
 echo "| attention fwd+bwd, PyTorch SDPA | $ATTN_TORCH |"
 echo "| wall time | $(elapsed) s (budget $BUDGET s) |"
@@ -279,3 +300,4 @@ echo "logs: $LOG"
 [ "$BRC" = 0 ] || die "the typegrad GPU benchmark $(outcome "$BRC" "$BENCH_LIMIT") ($LOG/bench_typegrad.log)"
 [ "$(elapsed)" -le "$BUDGET" ] || die "took $(elapsed) s, over the ${BUDGET} s budget"
 echo "gpu-check: OK"
+echo "ratio typegrad/pytorch_eager $RATIO"
