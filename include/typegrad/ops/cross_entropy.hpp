@@ -44,11 +44,11 @@ Tensor<Out, D> cross_entropy_as(const Tensor<T, D>& logits, const Tensor<std::in
            targets.shape());
   const std::int64_t V = logits.shape()[logits.dim() - 1], rows = want.numel();
   const Tensor<std::int64_t> tc = targets.contiguous_raw();
-  detail::check_index_range(tc, V, "cross_entropy", "target", "the number of classes V =", &ignore_index);
+  // the targets that count, from the host's targets (no read-back), in the range check's pass
+  const std::int64_t count =
+      detail::check_index_range(tc, V, "cross_entropy", "target", "the number of classes V =", &ignore_index);
   const Tensor<T, D> lc = logits.contiguous_raw();
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
-  std::int64_t count = 0;  // the targets that count, from the host's targets: no read-back
-  for (std::int64_t r = 0; r < rows; ++r) count += tc.data()[r] != ignore_index;
   // Note [the loss stays on the device]: the kernel writes the mean into a scalar on D
   Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty(Shape());
   TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), mean.data(), rows, V, ignore_index, count));

@@ -14,12 +14,19 @@ struct EmbeddingSaved {
 };
 
 /// Every index in [0, n) (or equal to `allowed`, when given); the error names the value, n and where.
-inline void check_index_range(const Tensor<std::int64_t>& idx, std::int64_t n, const char* op, const char* what,
-                              const char* bound, const std::int64_t* allowed = nullptr) {
+/// Throws unless every index is in [0, n) or equal to *allowed; returns how many are not *allowed (those that
+/// count: the cross-entropy's targets other than ignore_index), in the same pass.
+inline std::int64_t check_index_range(const Tensor<std::int64_t>& idx, std::int64_t n, const char* op, const char* what,
+                                      const char* bound, const std::int64_t* allowed = nullptr) {
   const std::int64_t* p = idx.data();
-  for (std::int64_t i = 0; i < idx.numel(); ++i)
-    if ((p[i] < 0 || p[i] >= n) && !(allowed && p[i] == *allowed))
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < idx.numel(); ++i) {
+    const bool skip = allowed && p[i] == *allowed;
+    if ((p[i] < 0 || p[i] >= n) && !skip)
       throw Error(op, ": ", what, " ", p[i], " at position ", i, " is out of range for ", bound, " ", n);
+    counted += !skip;
+  }
+  return counted;
 }
 }  // namespace detail
 
