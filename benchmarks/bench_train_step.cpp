@@ -1,5 +1,5 @@
 // One full GPT training step (forward, backward, AdamW; in bf16/fp16 mixed precision also the loss
-// scaling and the refresh of the weight copies) timed as the median of several steps after warm-up.
+// scaling and the weight copies, written by AdamW in its update) timed as the median of several steps after warm-up.
 // Prints a table row and one JSON line (read by compare_pytorch.py).
 // --compile runs the step through tg::compile (Note [compiled steps]): captured on the first step, replayed after.
 //   bench_train_step --model gpt2 --batch 4 --seq 64 --steps 6 --warmup 2 --precision bf16 [--compile]
@@ -50,7 +50,8 @@ int bench(const Args& a) {
   auto step = [&] {
     const auto loss = amp.loss(amp.forward(model, idx, gen, false), tgt);
     accum.scale(loss, amp.scaler).backward();
-    if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum);
+    // as TrainStep: the copies AdamW wrote in its update are kept (Note [the optimizer writes the weight copies])
+    if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum, tg::amp::CopyRefresh::unwritten);
     return loss.item();
   };
   auto compiled = tg::compile(step);

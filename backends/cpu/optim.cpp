@@ -8,6 +8,8 @@
 
 #include <omp.h>
 
+#include "typegrad/core/dtype.hpp"
+#include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/detail/math.hpp"
 
@@ -159,17 +161,38 @@ void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const Ada
 // function and its constants are the per-tensor step's, so the values are the same bit for bit; what goes is
 // one fork and join per tensor (a GPT's ~100 small tensors cost more in barriers than in arithmetic on a
 // small model). No allocation: each thread finds its tensors by walking the sizes.
+// With a weight copy (Note [the optimizer writes the weight copies]) each updated element is also rounded
+// into the copy while it is in a register: the copies' refresh pass (a read of every master and a write of
+// every copy) goes.
 template <class T>
 void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& s) {
   std::int64_t total = 0;
-  for (int i = 0; i < count; ++i) total += tensors[i].n;
+  for (int i = 0; i < count; ++i) {
+    total += tensors[i].n;
+    if constexpr (!std::is_same_v<T, float>)
+      TG_CHECK(tensors[i].copy_type == WeightCopyType::none, "adam_step_multi: tensor ", i,
+               " asks for a weight copy, and copies are written from fp32 masters only");
+  }
   const auto c = math::adam_consts<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
   auto run = [&](std::int64_t lo, std::int64_t hi) {  // elements [lo, hi) of the concatenation
     std::int64_t start = 0;
     for (int i = 0; i < count && start < hi; ++i) {
       const AdamTensor<T>& x = tensors[i];
       const std::int64_t a = std::max(lo, start) - start, b = std::min(hi, start + x.n) - start;
-      for (std::int64_t j = a; j < b; ++j) math::adam_update(x.p[j], x.g[j], x.m[j], x.v[j], c);
+      auto update = [&](auto copy) {  // copy: bf16*, fp16* or nullptr
+        for (std::int64_t j = a; j < b; ++j) {
+          math::adam_update(x.p[j], x.g[j], x.m[j], x.v[j], c);
+          if constexpr (!std::is_same_v<decltype(copy), std::nullptr_t>)
+            copy[j] = scalar_cast<std::remove_pointer_t<decltype(copy)>>(x.p[j]);
+        }
+      };
+      if constexpr (std::is_same_v<T, float>) {
+        if (x.copy_type == WeightCopyType::bf16) update(static_cast<tg::bf16*>(x.copy));
+        else if (x.copy_type == WeightCopyType::fp16) update(static_cast<tg::fp16*>(x.copy));
+        else update(nullptr);
+      } else {
+        update(nullptr);
+      }
       start += x.n;
     }
   };

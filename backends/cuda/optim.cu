@@ -30,6 +30,9 @@ __global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk*
       t.p[i] = p;
       t.m[i] = m;
       t.v[i] = v;
+      // Note [the optimizer writes the weight copies]: the copy's conversion (copy_strided's scalar_cast)
+      if (t.copy_type == WeightCopyType::bf16) static_cast<bf16*>(t.copy)[i] = scalar_cast<bf16>(p);
+      else if (t.copy_type == WeightCopyType::fp16) static_cast<fp16*>(t.copy)[i] = scalar_cast<fp16>(p);
     }
   }
 }

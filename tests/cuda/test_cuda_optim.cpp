@@ -244,6 +244,45 @@ TEST_F(CudaOptim, MultiTensorAdamWMatchesTheCpuPerTensor) {
   }
 }
 
+// Note [the optimizer writes the weight copies]: the GPU's Adam step writes each tensor's bf16 / fp16 copy
+// from its updated p (the conversion copy_strided runs); p equals the step without copies bit for bit.
+TEST_F(CudaOptim, MultiTensorAdamWWritesTheWeightCopies) {
+  using tg::backend::WeightCopyType;
+  const std::vector<std::int64_t> sizes = {1, 1000, (1 << 16) + 3, 70001};
+  const std::vector<WeightCopyType> types = {WeightCopyType::bf16, WeightCopyType::fp16, WeightCopyType::none,
+                                             WeightCopyType::bf16};
+  std::vector<tg::Tensor<float, tg::cuda>> p, g, m, v, p2, m2, v2;
+  std::vector<tg::Tensor<tg::bf16, tg::cuda>> b16;
+  std::vector<tg::Tensor<tg::fp16, tg::cuda>> f16;
+  std::vector<tg::backend::AdamTensor<float>> with, without;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const State h = make_state(sizes[k], 300 + 10 * k);
+    p.push_back(on_gpu(h.p)), g.push_back(on_gpu(h.g)), m.push_back(on_gpu(h.m)), v.push_back(on_gpu(h.v));
+    p2.push_back(on_gpu(h.p)), m2.push_back(on_gpu(h.m)), v2.push_back(on_gpu(h.v));
+    b16.push_back(tg::Tensor<tg::bf16, tg::cuda>::empty({sizes[k]}));
+    f16.push_back(tg::Tensor<tg::fp16, tg::cuda>::empty({sizes[k]}));
+    void* copy = types[k] == WeightCopyType::bf16 ? static_cast<void*>(b16[k].data())
+                 : types[k] == WeightCopyType::fp16 ? static_cast<void*>(f16[k].data())
+                                                    : nullptr;
+    with.push_back({p[k].data(), g[k].data(), m[k].data(), v[k].data(), sizes[k], copy, types[k]});
+    without.push_back({p2[k].data(), g[k].data(), m2[k].data(), v2[k].data(), sizes[k], nullptr, WeightCopyType::none});
+  }
+  const auto s = scalars(true, 2);
+  tg::backend::cuda::adam_step_multi(with.data(), static_cast<int>(with.size()), s);
+  tg::backend::cuda::adam_step_multi(without.data(), static_cast<int>(without.size()), s);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    ASSERT_EQ(p[k].to<tg::cpu>().to_vector(), p2[k].to<tg::cpu>().to_vector()) << "tensor " << k;
+    if (types[k] == WeightCopyType::bf16) {
+      const auto got = b16[k].to<tg::cpu>(), want = p[k].to<tg::bf16>().to<tg::cpu>();
+      for (std::int64_t i = 0; i < sizes[k]; ++i) ASSERT_EQ(got.data()[i].bits, want.data()[i].bits) << "tensor " << k << " element " << i;
+    }
+    if (types[k] == WeightCopyType::fp16) {
+      const auto got = f16[k].to<tg::cpu>(), want = p[k].to<tg::fp16>().to<tg::cpu>();
+      for (std::int64_t i = 0; i < sizes[k]; ++i) ASSERT_EQ(got.data()[i].bits, want.data()[i].bits) << "tensor " << k << " element " << i;
+    }
+  }
+}
+
 TEST_F(CudaOptim, UnscaleScalesEveryTensorAndFindsInfAndNan) {
   std::vector<tg::Tensor<float, tg::cuda>> gs = {on_gpu(random_values(5, 1, -4.f, 4.f)),
                                                  on_gpu(random_values((1 << 16) + 9, 2, -4.f, 4.f))};

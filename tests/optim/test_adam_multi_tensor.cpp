@@ -235,4 +235,66 @@ TEST(AdamMultiTensor, OneParallelRegionEqualsThePerTensorKernel) {
     EXPECT_EQ(multi.v[i], single.v[i]) << "v of tensor " << i;
   }
 }
+
+// Note [the optimizer writes the weight copies]: with a copy, each updated element is also written rounded to
+// bf16 or fp16 (the refresh's scalar_cast), across tensors that one thread's share spans; p, m and v are those
+// of the step without copies, bit for bit.
+TEST(AdamMultiTensor, WritesEachTensorsWeightCopyWithItsUpdate) {
+  using tg::backend::WeightCopyType;
+  const std::vector<std::int64_t> sizes{7, 40000, 3, 12345, 1, 65537};
+  const std::vector<WeightCopyType> types{WeightCopyType::bf16, WeightCopyType::fp16, WeightCopyType::none,
+                                          WeightCopyType::bf16, WeightCopyType::fp16, WeightCopyType::bf16};
+  auto fill = [&](std::uint64_t seed) {
+    std::vector<std::vector<float>> b(4 * sizes.size());
+    tg::Generator gen(seed);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      b[4 * i] = tg::Tensor<float>::normal({sizes[i]}, 0.f, 1.f, gen).to_vector();
+      b[4 * i + 1] = tg::Tensor<float>::normal({sizes[i]}, 0.f, 1.f, gen).to_vector();
+      b[4 * i + 2] = tg::Tensor<float>::normal({sizes[i]}, 0.f, 0.1f, gen).to_vector();
+      b[4 * i + 3] = tg::Tensor<float>::uniform({sizes[i]}, 0.f, 0.1f, gen).to_vector();
+    }
+    return b;
+  };
+  auto with = fill(7), without = fill(7);
+  std::vector<std::vector<tg::bf16>> b16(sizes.size());
+  std::vector<std::vector<tg::fp16>> f16(sizes.size());
+  tg::backend::AdamScalars s;
+  s.lr = 1e-2, s.beta1 = 0.9, s.beta2 = 0.95, s.eps = 1e-8, s.weight_decay = 0.1, s.decoupled = true;
+  for (std::int64_t step = 1; step <= 2; ++step) {
+    s.step = step;
+    std::vector<tg::backend::AdamTensor<float>> a, b;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto n = static_cast<std::size_t>(sizes[i]);
+      b16[i].resize(n);
+      f16[i].resize(n);
+      void* copy = types[i] == WeightCopyType::bf16 ? static_cast<void*>(b16[i].data())
+                   : types[i] == WeightCopyType::fp16 ? static_cast<void*>(f16[i].data())
+                                                      : nullptr;
+      a.push_back({with[4 * i].data(), with[4 * i + 1].data(), with[4 * i + 2].data(), with[4 * i + 3].data(), sizes[i],
+                   copy, types[i]});
+      b.push_back({without[4 * i].data(), without[4 * i + 1].data(), without[4 * i + 2].data(), without[4 * i + 3].data(),
+                   sizes[i], nullptr, WeightCopyType::none});
+    }
+    tg::backend::cpu::adam_step_multi<float>(a.data(), static_cast<int>(a.size()), s);
+    tg::backend::cpu::adam_step_multi<float>(b.data(), static_cast<int>(b.size()), s);
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    for (int k = 0; k < 4; ++k) ASSERT_EQ(with[4 * i + k], without[4 * i + k]) << "buffer " << k << " of tensor " << i;
+    const std::vector<float>& p = with[4 * i];
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      if (types[i] == WeightCopyType::bf16) ASSERT_EQ(b16[i][j].bits, tg::bf16(p[j]).bits) << "tensor " << i << " element " << j;
+      if (types[i] == WeightCopyType::fp16) ASSERT_EQ(f16[i][j].bits, tg::fp16(p[j]).bits) << "tensor " << i << " element " << j;
+    }
+  }
+  // fp64 masters have no 16-bit copies to write: asking is an error, not a silent skip
+  std::vector<double> p(4, 1.0), g(4, 0.5), m(4, 0.0), v(4, 0.0);
+  std::vector<tg::bf16> copy(4);
+  const tg::backend::AdamTensor<double> t{p.data(), g.data(), m.data(), v.data(), 4, copy.data(), WeightCopyType::bf16};
+  try {
+    tg::backend::cpu::adam_step_multi<double>(&t, 1, s);
+    FAIL() << "no error";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("copies are written from fp32 masters only"), std::string::npos) << e.what();
+  }
+}
 }  // namespace

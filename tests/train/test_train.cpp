@@ -200,6 +200,47 @@ TEST(TrainStep, HooksAndACustomLoss) {
   for (float v : copy) ASSERT_EQ(v, 0.f) << "the bf16 copy was refreshed after after_update";
 }
 
+// Note [the optimizer writes the weight copies]: a replica sync whose after_update changes the masters (as
+// ZeRO's gather does) says so, and the copies are converted again; one that does not keeps the copies AdamW
+// wrote, which are the masters rounded either way.
+class ChangingSync final : public tg::train::StepSync {
+ public:
+  ChangingSync(const tg::Tensor<float>& w, bool says) : w_(w), says_(says) {}
+  void sum(std::span<double>) const override {}
+  bool sharded_grads() const override { return false; }
+  int ranks() const override { return 1; }
+  void before_backward(std::int64_t, std::int64_t) override {}
+  void after_backward(std::int64_t, std::int64_t) override {}
+  void after_update() override {
+    if (!says_) return;
+    tg::NoGrad g;
+    tg::detail::copy_tensor(tg::Tensor<float>::full(w_.shape(), 0.25f), w_);
+  }
+  bool changes_weights_after_update() const override { return says_; }
+
+ private:
+  tg::Tensor<float> w_;
+  bool says_;
+};
+TEST(TrainStep, ASyncThatChangesTheMastersAfterTheUpdateHasTheCopiesConverted) {
+  for (const bool changes : {true, false}) {
+    TinyRun r;
+    auto& [cfg, init, drop, model, ps, opt, sched] = r;
+    ChangingSync sync(ps[0].tensor, changes);
+    tg::train::StepOptions options;
+    options.sync = &sync;
+    std::int64_t k = 0;
+    tg::train::TrainStep<tg::amp::bf16_mixed> step(ps, opt, sched, options, tg::optim::GradAccumRuntime(1));
+    for (int s = 0; s < 2; ++s) step.run(model, [&] { return batch(k++, cfg.vocab_size); }, drop);
+    for (const auto& p : ps) {
+      const auto copy = tg::amp::param_as<tg::bf16>(p.tensor).template to<float>().to_vector();
+      const auto want = p.tensor.template to<tg::bf16>().template to<float>().to_vector();
+      ASSERT_EQ(copy, want) << p.name << (changes ? ", changed by the sync" : "");
+    }
+    if (changes) EXPECT_EQ(ps[0].tensor.to_vector()[0], 0.25f);
+  }
+}
+
 TEST(TrainStep, AnOverflowingScaleSkipsTheUpdate) {
   const auto cfg = tiny_config(0.f);
   tg::Generator init(7), drop(11);

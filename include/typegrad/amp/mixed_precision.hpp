@@ -18,11 +18,17 @@
 
 namespace tg::amp {
 
+/// Which weight copies MixedPrecision::after_step converts: all of them, or those the optimizer did not write
+/// in its step (Note [the optimizer writes the weight copies]; right only when nothing changed the masters
+/// after the optimizer's update).
+enum class CopyRefresh { all, unwritten };
+
 /// The fp32 policy's stand-in for WeightCopies: the forward reads the masters, nothing to refresh or attach.
 template <Device D = cpu>
 struct NoCopies {
   explicit NoCopies(const std::vector<optim::BasicParam<D>>&, OptimizerSteps = {}) {}
   void refresh() {}
+  void refresh_unwritten() {}
   std::int64_t refreshes() const { return 0; }
   bool stale() const { return false; }
   void check_fresh() const {}
@@ -64,10 +70,15 @@ class MixedPrecision {
   }
   /// After a step boundary (micro_step returned true): refreshes the weight copies when the step was taken.
   /// Returns whether the step was taken (and so the copies refreshed, under a policy that has them).
+  /// CopyRefresh::unwritten keeps the copies that Adam / AdamW wrote in the step (Note [the optimizer writes
+  /// the weight copies]): pass it only when nothing changed the masters since the optimizer's update.
   template <class Accum>
-  bool after_step(const Accum& accum) {
+  bool after_step(const Accum& accum, CopyRefresh which = CopyRefresh::all) {
     if (accum.last_step_skipped()) return false;
-    if constexpr (P::uses_weight_copies) weights.refresh();
+    if constexpr (P::uses_weight_copies) {
+      if (which == CopyRefresh::unwritten) weights.refresh_unwritten();
+      else weights.refresh();
+    }
     return true;
   }
 

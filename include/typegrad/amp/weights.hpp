@@ -78,6 +78,22 @@ namespace tg::amp {
 // backward. If the WeightCopies is destroyed before the backward, the recompute converts the masters
 // (the same values); if the optimizer stepped in between, the recompute is the stale-copy error.
 
+// Note [the optimizer writes the weight copies]
+// Adam and AdamW (optim/adam.hpp) look up the compute copy attached to each parameter they update: a bf16 or
+// fp16 AttachedCopy on their device, laid out element for element as the whole parameter (its data,
+// master_data and numel: core/storage.hpp). They pass it to adam_step_multi, which writes copy[i] = the
+// updated p[i] converted as refresh() converts it (scalar_cast, round to nearest even) in the same pass over
+// the parameter. The refresh's own pass (a read of every master, a write of every copy; on the GPU one launch
+// per parameter) then has nothing left to do for that parameter. The optimizer marks each copy it wrote.
+// refresh_unwritten() converts only the unmarked ones (parameters without a gradient in the step, parameters
+// of an optimizer that does not write copies) and clears the marks; refresh() converts every copy and clears
+// them. Keeping a written copy is right only when the master did not change after the update:
+// MixedPrecision::after_step(accum, CopyRefresh::unwritten) is for callers that know this. TrainStep passes
+// it unless an after_update hook (pruning's apply_to_weights) or a replica sync (ZeRO's gather of the
+// owners' weights) ran after the update. Either way the copies are bit for bit those of refresh()
+// (tests/amp: AmpWeights.AdamWWritesTheCopiesInItsUpdate). Stale-copy detection is unchanged: a copy the
+// optimizer wrote still counts as stale until the refresh that follows the step.
+
 /// An optimizer whose steps weight copies can watch: optim::BasicOptimizer<D> (any device), or anything
 /// else with step_count().
 template <class Opt>
@@ -133,7 +149,11 @@ template <FloatingElement T, Device D>
 struct CopyEntry final : AttachedCopy {
   CopyEntry(std::string n, const Tensor<fp32, D>& m, const CopiesState* s)
       : AttachedCopy(dtype_traits<T>::dtype, device_traits<D>::kind, s), name(std::move(n)), master(m),
-        copy(Tensor<T, D>::empty(m.shape())), state(s) {}
+        copy(Tensor<T, D>::empty(m.shape())), state(s) {
+    data = copy.data();
+    master_data = master.data();
+    numel = master.numel();
+  }
   std::string name;
   Tensor<fp32, D> master;  // keeps the master's storage (and so this slot) alive
   Tensor<T, D> copy;
@@ -203,8 +223,24 @@ class WeightCopies {
   }
 
   /// Re-converts every master into its copy (in place, on D). Call once after each optimizer step.
-  void refresh() {
+  void refresh() { refresh_where([](const detail::CopyEntry<T, D>&) { return true; }); }
+  /// refresh() for the copies the optimizer did not write in its step (Note [the optimizer writes the weight
+  /// copies]): a copy that Adam / AdamW wrote since the last refresh is kept, the others are converted. Only
+  /// right when nothing changed the masters after the optimizer's step (no pruning of the weights, no
+  /// gather of ZeRO's shards, no hook): after such a change, refresh().
+  void refresh_unwritten() { refresh_where([](const detail::CopyEntry<T, D>& e) { return !e.written; }); }
+  /// Copies converted by the last refresh (the others were written by the optimizer).
+  std::int64_t last_converted() const { return last_converted_; }
+
+ private:
+  template <class Pred>
+  void refresh_where(Pred convert) {
+    last_converted_ = 0;
     for (auto& e : entries_) {
+      const bool c = convert(*e);
+      e->written = false;
+      if (!c) continue;
+      ++last_converted_;
       if constexpr (std::is_same_v<D, cpu>) {
         backend::cpu::convert_contiguous<fp32, T>(e->master.data(), e->copy.data(), e->master.numel());
       } else {
@@ -216,6 +252,8 @@ class WeightCopies {
     ++state_->refreshes;
     state_->refreshed_at = state_->steps();
   }
+
+ public:
   /// refresh() calls so far, the constructor's included.
   std::int64_t refreshes() const { return state_->refreshes; }
   /// Whether the optimizer stepped since the last refresh() (always false without an optimizer).
@@ -263,6 +301,7 @@ class WeightCopies {
 
   std::vector<std::unique_ptr<detail::CopyEntry<T, D>>> entries_;
   std::unique_ptr<detail::CopiesState> state_;  // on the heap: the attached copies point at it across moves
+  std::int64_t last_converted_ = 0;
 };
 
 /// `master` in the compute type T: the master itself for fp32; the T copy attached to it (recorded as a "to"

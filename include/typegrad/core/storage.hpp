@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "typegrad/core/allocator.hpp"
@@ -22,6 +23,13 @@ struct AttachedCopy {
   DType dtype;
   DeviceKind device;
   const void* owner;  // identifies the owner (its shared state), for copy_of and the two-owner error
+  // For an optimizer that writes the copy in its own update (Note [the optimizer writes the weight copies]):
+  // `numel` contiguous elements at `data`, element i the master's element i from `master_data` on.
+  // `written` is set by such an update and cleared by the owner's refresh.
+  void* data = nullptr;
+  const void* master_data = nullptr;
+  std::int64_t numel = 0;
+  mutable bool written = false;
 
  protected:
   AttachedCopy(DType d, DeviceKind k, const void* o) : dtype(d), device(k), owner(o) {}

@@ -207,6 +207,7 @@ class DataParallel final : public train::StepSync {
     if (options_.sharding == Sharding::none || comm_.size() == 1) return;
     gather_weights();
   }
+  bool changes_weights_after_update() const override { return options_.sharding != Sharding::none && comm_.size() > 1; }
 
   /// Broadcasts every parameter from its owner (ZeRO) so all ranks hold the same weights; a no-op under DDP.
   void gather_weights() {

@@ -75,14 +75,36 @@ class BasicAdamRule : public BasicOptimizer<D> {
                          s.decoupled = Decoupled;
                          s.step = run[0].step();
                          tensors_.clear();
-                         for (const Update& u : run) tensors_.push_back({u.p(), u.g(), u.slot(0), u.slot(1), u.numel()});
+                         written_.clear();
+                         for (const Update& u : run) {
+                           backend::AdamTensor<fp32> t{u.p(), u.g(), u.slot(0), u.slot(1), u.numel(), nullptr,
+                                                       backend::WeightCopyType::none};
+                           if (const AttachedCopy* c = writable_copy(u)) {
+                             t.copy = c->data;
+                             t.copy_type = c->dtype == DType::bf16 ? backend::WeightCopyType::bf16 : backend::WeightCopyType::fp16;
+                             written_.push_back(c);
+                           }
+                           tensors_.push_back(t);
+                         }
                          TG_BACKEND(D, adam_step_multi<fp32>(tensors_.data(), static_cast<int>(tensors_.size()), s));
+                         for (const AttachedCopy* c : written_) c->written = true;  // after the kernel ran
                        });
   }
 
  private:
+  /// The 16-bit compute copy attached to u's parameter on D when this step can write it (Note [the optimizer
+  /// writes the weight copies]): a bf16 or fp16 copy laid out element for element as the whole parameter.
+  static const AttachedCopy* writable_copy(const Update& u) {
+    const auto& storage = u.param->tensor.storage();
+    const AttachedCopy* c = storage ? storage->attached_copy() : nullptr;
+    if (!c || !c->data || c->device != device_traits<D>::kind) return nullptr;
+    if (c->dtype != DType::bf16 && c->dtype != DType::f16) return nullptr;
+    return c->master_data == u.p() && c->numel == u.numel() ? c : nullptr;
+  }
+
   Hyper h_;
   std::vector<backend::AdamTensor<fp32>> tensors_;  // reused: no allocation in the steady state
+  std::vector<const AttachedCopy*> written_;
 };
 
 template <Device D>

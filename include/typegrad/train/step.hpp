@@ -61,6 +61,10 @@ class StepSync : public optim::CrossRank {
   virtual void after_backward(std::int64_t micro, std::int64_t n) = 0;
   /// After an optimizer step that was taken, before the weight copies are refreshed.
   virtual void after_update() = 0;
+  /// Whether after_update() may change the masters (ZeRO's gather of the owners' weights): then every weight
+  /// copy is converted again, else the ones the optimizer wrote are kept (Note [the optimizer writes the
+  /// weight copies]). A sync that does not say is assumed to.
+  virtual bool changes_weights_after_update() const { return true; }
 };
 
 /// The settings of a step boundary.
@@ -147,7 +151,11 @@ class TrainStep {
           if (options_.sync) options_.sync->after_update();
           if (options_.after_update) options_.after_update();
         }
-        precision_.after_step(accum_);
+        // Note [the optimizer writes the weight copies]: kept unless something after the update may have
+        // changed the masters (the after_update hook, ZeRO's gather of the owners' weights).
+        const bool masters_changed =
+            options_.after_update || (options_.sync && options_.sync->changes_weights_after_update());
+        precision_.after_step(accum_, masters_changed ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
       }
     }
     if (options_.sync && options_.sync->ranks() > 1) {  // the mean over the ranks (equal micro-batches)

@@ -61,7 +61,12 @@ inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum
   return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
 }
 
-/// One parameter of a multi-tensor step: contiguous buffers of n elements on the kernel's device.
+/// The 16-bit compute copy an Adam step writes with each updated element (Note [the optimizer writes the
+/// weight copies]), or none.
+enum class WeightCopyType : std::uint8_t { none, bf16, fp16 };
+/// One parameter of a multi-tensor step: contiguous buffers of n elements on the kernel's device. With
+/// copy_type != none (Adam / AdamW over fp32 masters only), `copy` holds n elements of that type and the step
+/// writes copy[i] = its updated p[i] rounded to nearest even, as the weight copies' refresh converts it.
 template <class T>
 struct AdamTensor {
   T* p;
@@ -69,6 +74,8 @@ struct AdamTensor {
   T* m;
   T* v;
   std::int64_t n;
+  void* copy = nullptr;
+  WeightCopyType copy_type = WeightCopyType::none;
 };
 /// One parameter of a multi-tensor SGD step; `buf` (the momentum buffer) may be null without momentum.
 template <class T>
