@@ -39,8 +39,8 @@ struct CrossEntropyInputs {
     for (std::int64_t r = 0; r < kTokens; ++r) targets[static_cast<std::size_t>(r)] = (r * 7919) % kVocab;
   }
   tg::accum_t<T> forward() {
-    tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), &loss, kTokens, kVocab, -100,
-                                               kTokens);
+    tg::backend::cpu::cross_entropy_forward<T>(logits.data(), targets.data(), lse.data(), &loss, kTokens, kVocab, kVocab,
+                                               -100, kTokens);
     return loss;
   }
 };
@@ -59,7 +59,7 @@ void BM_CrossEntropyBackward(benchmark::State& state) {
   std::vector<T> dlogits(in.logits.size());
   for (auto _ : state) {
     tg::backend::cpu::cross_entropy_backward<T>(in.logits.data(), in.targets.data(), in.lse.data(), &in.dloss, kTokens,
-                                                dlogits.data(), kTokens, kVocab, -100);
+                                                dlogits.data(), kTokens, kVocab, kVocab, kVocab, -100);
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kVocab);

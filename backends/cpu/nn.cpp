@@ -222,12 +222,13 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
 // ---- cross_entropy -----------------------------------------------------------------------------------
 template <class T>
 void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, accum_t<T>* loss_out,
-                           std::int64_t rows, std::int64_t V, std::int64_t ignore_index, std::int64_t count) {
+                           std::int64_t rows, std::int64_t V, std::int64_t ld, std::int64_t ignore_index,
+                           std::int64_t count) {
   using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
   std::vector<double> loss(static_cast<std::size_t>(rows));
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * V;
+    const T* xr = logits + r * ld;
     const A m = row_max<A>(xr, V);
     A s = 0;
     if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
@@ -250,13 +251,15 @@ void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t
 
 template <class T>
 void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, const accum_t<T>* dloss,
-                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ld,
+                            std::int64_t ld_out, std::int64_t ignore_index) {
   using A = amp::kernel_math_t<amp::op::cross_entropy, T>;  // Note [autocast rules]
   const A sc = static_cast<A>(count ? static_cast<double>(*dloss) / static_cast<double>(count) : 0.0);
 #pragma omp parallel for schedule(static) if (rows * V > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * V;
-    T* dr = dlogits + r * V;
+    const T* xr = logits + r * ld;
+    T* dr = dlogits + r * ld_out;
+    std::fill(dr + V, dr + ld_out, scalar_cast<T>(0.0));  // the padding columns
     const std::int64_t t = targets[r];
     if (t == ignore_index) {
       std::fill_n(dr, V, scalar_cast<T>(0.0));

@@ -191,12 +191,12 @@ __global__ void embedding_backward_kernel(const T* dout, const std::int64_t* sta
 // ---- cross-entropy -------------------------------------------------------------------------------------------
 template <class T>
 __global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t* targets, acc_t<T>* lse,
-                                             acc_t<T>* loss, std::int64_t rows, std::int64_t V,
+                                             acc_t<T>* loss, std::int64_t rows, std::int64_t V, std::int64_t ld,
                                              std::int64_t ignore_index) {
   using A = acc_t<T>;
   __shared__ A shm[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = logits + r * V;
+    const T* xr = logits + r * ld;
     const A m = row_max<A>(xr, V, shm);
     A s = 0;
     for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp(scalar_cast<A>(xr[j]) - m);
@@ -226,18 +226,19 @@ __global__ void cross_entropy_mean_kernel(const acc_t<T>* row_loss, const std::i
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_t* targets, const acc_t<T>* lse,
                                               const acc_t<T>* dloss, std::int64_t count, T* dlogits,
-                                              std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
+                                              std::int64_t rows, std::int64_t V, std::int64_t ld, std::int64_t ld_out,
+                                              std::int64_t ignore_index) {
   using A = acc_t<T>;
   // the CPU's scale: the upstream gradient over the count in fp64, rounded once
   const A scale = static_cast<A>(count ? static_cast<double>(dloss[0]) / static_cast<double>(count) : 0.0);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = logits + r * V;
-    T* dr = dlogits + r * V;
+    const T* xr = logits + r * ld;
+    T* dr = dlogits + r * ld_out;
     const std::int64_t t = targets[r];
     const A l = lse[r];
-    for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    for (std::int64_t j = threadIdx.x; j < ld_out; j += blockDim.x) {  // columns [V, ld_out): the padding, zero
       A d = 0;
-      if (t != ignore_index) d = scale * (exp(scalar_cast<A>(xr[j]) - l) - (j == t ? A(1) : A(0)));
+      if (t != ignore_index && j < V) d = scale * (exp(scalar_cast<A>(xr[j]) - l) - (j == t ? A(1) : A(0)));
       dr[j] = scalar_cast<T>(d);
     }
   }
@@ -333,7 +334,8 @@ void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int6
 
 template <class T>
 void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t<T>* lse, accum_t<T>* loss,
-                           std::int64_t rows, std::int64_t V, std::int64_t ignore_index, std::int64_t count) {
+                           std::int64_t rows, std::int64_t V, std::int64_t ld, std::int64_t ignore_index,
+                           std::int64_t count) {
   using A = acc_t<T>;
   if (rows == 0) {
     cross_entropy_mean_kernel<T><<<1, 32, 0, detail::stream()>>>(nullptr, nullptr, loss, 0, ignore_index, 0);  // NaN
@@ -343,7 +345,7 @@ void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t)), wl(static_cast<std::size_t>(rows) * sizeof(A));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
   cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(logits, dt, lse, wl.as<A>(), rows, V,
-                                                                                ignore_index);
+                                                                                ld, ignore_index);
   TG_CUDA_LAUNCHED();
   // Note [the loss stays on the device]: the mean is reduced on the GPU; nothing is read back here
   cross_entropy_mean_kernel<T><<<1, 1024, 0, detail::stream()>>>(wl.as<A>(), dt, loss, rows, ignore_index, count);
@@ -352,12 +354,13 @@ void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t
 
 template <class T>
 void cross_entropy_backward(const T* logits, const std::int64_t* targets, const accum_t<T>* lse, const accum_t<T>* dloss,
-                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ignore_index) {
-  if (rows * V == 0) return;
+                            std::int64_t count, T* dlogits, std::int64_t rows, std::int64_t V, std::int64_t ld,
+                            std::int64_t ld_out, std::int64_t ignore_index) {
+  if (rows * ld_out == 0) return;
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
   cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
-      logits, dt, lse, dloss, count, dlogits, rows, V, ignore_index);
+      logits, dt, lse, dloss, count, dlogits, rows, V, ld, ld_out, ignore_index);
   TG_CUDA_LAUNCHED();
 }
 

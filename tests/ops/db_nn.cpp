@@ -387,6 +387,59 @@ TG_REGISTER_OP(cross_entropy_entry());
 TG_REGISTER_OP(causal_attention_entry());
 TG_REGISTER_OP(attention_composite_entry());
 
+// Note [cross-entropy on strided rows]: the padded LM head's narrowed logits ((B, T, V) of (B, T, P), and
+// (N, V) of (N, P)) are read in place; the loss and the gradient equal those of the contiguous copy bit for
+// bit, ignored targets included, and the forward allocates no copy of the logits.
+template <class T>
+void check_cross_entropy_on_narrowed_rows(const Shape& padded, std::int64_t V) {
+  Generator gen(11);
+  const std::int64_t P = padded[padded.size() - 1];
+  const Tensor<float> values = Tensor<float>::uniform(padded, -3.f, 3.f, gen);
+  Shape tshape = padded;
+  tshape.erase(tshape.size() - 1);
+  Tensor<std::int64_t> targets = Tensor<std::int64_t>::empty(tshape);
+  for (std::int64_t i = 0; i < targets.numel(); ++i)
+    targets.data()[i] = i % 5 == 3 ? -100 : static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(V));
+  Tensor<T> base = leaf_as<T>(values);
+  const Tensor<T> narrowed = base.narrow(static_cast<int>(padded.size()) - 1, 0, V);
+  ASSERT_EQ(narrowed.is_contiguous(), P == V);
+  Tensor<T> copy = leaf_as<T>(values.narrow(static_cast<int>(padded.size()) - 1, 0, V).contiguous());
+  allocator<cpu>().reset_peak();
+  const std::int64_t in_use = allocator<cpu>().stats().bytes_in_use;
+  const Tensor<T> a = cross_entropy(narrowed, targets);
+  EXPECT_LT(allocator<cpu>().stats().peak_bytes - in_use, static_cast<std::int64_t>(narrowed.numel() * sizeof(T)) / 2)
+      << "the forward copied the narrowed logits";
+  const Tensor<T> b = cross_entropy(copy, targets);
+  ASSERT_TRUE(same_bits(a.detach(), b.detach())) << scalar_cast<double>(a.item()) << " vs " << scalar_cast<double>(b.item());
+  a.backward();
+  b.backward();
+  const Tensor<T> ga = base.grad();
+  ASSERT_EQ(ga.shape(), padded);
+  EXPECT_TRUE(same_bits(ga.narrow(static_cast<int>(padded.size()) - 1, 0, V), copy.grad()));
+  const Tensor<T> tail = ga.narrow(static_cast<int>(padded.size()) - 1, V, P - V).contiguous();
+  for (std::int64_t i = 0; i < tail.numel(); ++i) ASSERT_EQ(static_cast<double>(scalar_cast<float>(tail.data()[i])), 0.0);
+}
+TEST(OpDb_cross_entropy, NarrowedRowsAreReadInPlaceAndEqualTheCopy) {
+  check_cross_entropy_on_narrowed_rows<float>({2, 3, 1024}, 1000);
+  check_cross_entropy_on_narrowed_rows<float>({7, 512}, 500);
+  check_cross_entropy_on_narrowed_rows<bf16>({2, 5, 640}, 600);
+  check_cross_entropy_on_narrowed_rows<double>({1, 4, 300}, 290);
+  check_cross_entropy_on_narrowed_rows<float>({3, 1, 257}, 257);  // the whole rows, contiguous: the same path
+}
+// A layout whose rows are not a fixed stride apart (a transposed batch and time) is copied first: same values.
+TEST(OpDb_cross_entropy, RowsNotAFixedStrideApartAreCopiedFirst) {
+  Generator gen(5);
+  const Tensor<float> x = Tensor<float>::uniform({3, 4, 6}, -2.f, 2.f, gen);
+  Tensor<std::int64_t> targets = Tensor<std::int64_t>::empty({4, 3});
+  for (std::int64_t i = 0; i < 12; ++i) targets.data()[i] = i % 6;
+  EXPECT_EQ(detail::uniform_row_stride(x.transpose(0, 1)), 0);
+  EXPECT_EQ(detail::uniform_row_stride(x.narrow(2, 0, 5)), 6);
+  EXPECT_EQ(detail::uniform_row_stride(x.narrow(1, 0, 2)), 0);  // rows 6 apart within a batch, 24 across
+  EXPECT_EQ(detail::uniform_row_stride(x.narrow(0, 1, 1)), 6);
+  const Tensor<float> a = cross_entropy(x.transpose(0, 1), targets), b = cross_entropy(x.transpose(0, 1).contiguous(), targets);
+  EXPECT_TRUE(same_bits(a, b));
+}
+
 // The fused kernel must match its composite, forward and all three gradients, in fp32 (several heads,
 // T spanning three kernel blocks, non-power-of-two sizes).
 TEST(OpDb_causal_attention_fused, MatchesCompositeFp32) {

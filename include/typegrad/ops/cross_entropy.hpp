@@ -19,10 +19,34 @@ namespace tg {
 // rows' losses in row order in fp64 and divides by the count in fp64; the GPU sums them in fp64 in a fixed
 // order (one block), within rounding of the CPU.
 
+// Note [cross-entropy on strided rows]
+// The logits' rows are read where they are when each row's V elements are contiguous and the rows are a fixed
+// stride ld ≥ V apart: the padded LM head's (B, T, V) view of its (B, T, P) logits (Note [padded
+// vocabulary]) is read in place, with no copy of the narrowed logits and none kept for the backward (the saved
+// tensor is that view). Other layouts are copied once, as before. The gradient is contiguous (B, T, V).
+
 namespace detail {
+/// The rows of x (its last dim being the classes) when they are `V` contiguous elements each, a fixed stride
+/// apart: that stride (≥ V), else 0.
+template <Element T, Device D>
+std::int64_t uniform_row_stride(const Tensor<T, D>& x) {
+  const std::int64_t d = x.dim(), V = x.shape()[d - 1];
+  if (V == 0 || x.strides()[d - 1] != 1) return 0;
+  std::int64_t ld = -1, rows_after = 1;  // the stride of the innermost row dim of extent > 1
+  for (std::int64_t k = d - 2; k >= 0; --k) {
+    const std::int64_t n = x.shape()[k], s = x.strides()[k];
+    if (n == 1) continue;
+    if (ld < 0) ld = s;
+    else if (s != ld * rows_after) return 0;  // the rows are not one fixed stride apart
+    rows_after *= n;
+  }
+  if (ld < 0) ld = V;  // a single row
+  return ld >= V ? ld : 0;
+}
+
 template <Element T, Device D>
 struct CrossEntropySaved {
-  Tensor<T, D> logits;              // contiguous; softmax is recomputed from it in backward
+  Tensor<T, D> logits;              // rows of V elements ld apart; softmax is recomputed from it in backward
   Tensor<std::int64_t> targets;     // contiguous
   Tensor<accum_t<T>, D> lse;        // per-row logsumexp of the logits
   std::int64_t count = 0;           // targets that count (not ignore_index)
@@ -47,22 +71,25 @@ Tensor<Out, D> cross_entropy_as(const Tensor<T, D>& logits, const Tensor<std::in
   // the targets that count, from the host's targets (no read-back), in the range check's pass
   const std::int64_t count =
       detail::check_index_range(tc, V, "cross_entropy", "target", "the number of classes V =", &ignore_index);
-  const Tensor<T, D> lc = logits.contiguous_raw();
+  // Note [cross-entropy on strided rows]: rows a fixed stride apart are read in place
+  std::int64_t ld = detail::uniform_row_stride(logits);
+  const Tensor<T, D> lc = ld ? logits : logits.contiguous_raw();
+  if (!ld) ld = V;
   Tensor<accum_t<T>, D> lse = Tensor<accum_t<T>, D>::empty({rows});
   // Note [the loss stays on the device]: the kernel writes the mean into a scalar on D
   Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty(Shape());
-  TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), mean.data(), rows, V, ignore_index, count));
+  TG_BACKEND(D, cross_entropy_forward<T>(lc.data(), tc.data(), lse.data(), mean.data(), rows, V, ld, ignore_index, count));
   Tensor<Out, D> out;
   if constexpr (std::is_same_v<Out, accum_t<T>>) out = mean;
   else out = mean.template to<Out>();
   autodiff::record("cross_entropy", out, detail::CrossEntropySaved<T, D>{lc.detach(), tc, lse, count},
-                   [rows, V, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<Out, D>& dout, auto) {
+                   [rows, V, ld, ignore_index](detail::CrossEntropySaved<T, D>& s, const Tensor<Out, D>& dout, auto) {
                      Tensor<accum_t<T>, D> g;  // the upstream gradient as a scalar on D, read by the kernel
                      if constexpr (std::is_same_v<Out, accum_t<T>>) g = dout.contiguous_raw();
                      else g = dout.template to<accum_t<T>>();
                      Tensor<T, D> dl = Tensor<T, D>::empty(s.logits.shape());
                      TG_BACKEND(D, cross_entropy_backward<T>(s.logits.data(), s.targets.data(), s.lse.data(), g.data(),
-                                                             s.count, dl.data(), rows, V, ignore_index));
+                                                             s.count, dl.data(), rows, V, ld, V, ignore_index));
                      return std::tuple{dl};
                    }, logits);
   return out;

@@ -21,7 +21,8 @@
 // embedding_forward:      out[i, :] = w[idx[i], :] for i < n (w [V, C]; indices already checked).
 // embedding_backward:     dw[v, :] = Σ_{i: idx[i] = v} dout[i, :] (dw [V, C] overwritten), summed in position
 //                         order in accum_t<T>: deterministic whatever the thread count.
-// cross_entropy_forward:  per row r with target t_r ≠ ignore_index: loss_r = lse_r − x[r, t_r],
+// cross_entropy_forward:  per row r with target t_r ≠ ignore_index: loss_r = lse_r − x[r, t_r], row r of the
+//                         logits being V elements from logits + r·ld (ld ≥ V: a narrowed view reads in place),
 //                         lse_r = log Σ exp x[r, :]. Writes lse (every row) and loss[0] = (Σ loss_r in fp64) /
 //                         count rounded to accum_t<T> (NaN when count is 0), count being the rows whose target
 //                         is not ignore_index (the caller counts them on the host). The sum runs in row order
@@ -29,7 +30,9 @@
 //                         stays on the device]).
 // cross_entropy_backward: dlogits[r, :] = s · (exp(x[r, :] − lse_r) − onehot(t_r)), zero for ignored rows, with
 //                         s = dloss[0] / count rounded to the math type (0 when count is 0); dloss is the mean's
-//                         upstream gradient, one accum_t<T> on the kernel's device.
+//                         upstream gradient, one accum_t<T> on the kernel's device. Row r of the logits starts
+//                         at logits + r·ld, of dlogits at dlogits + r·ld_out (both ≥ V); dlogits' columns
+//                         [V, ld_out) are written zero.
 #define TG_KERNELS_NN(K, ...)                                                                                      \
   K(void, softmax_forward, (const T* x, T* y, std::int64_t rows, std::int64_t n, bool log), __VA_ARGS__)           \
   K(void, softmax_backward, (const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log),         \
@@ -45,9 +48,10 @@
   K(void, embedding_backward, (const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V,      \
                                std::int64_t C), __VA_ARGS__)                                                       \
   K(void, cross_entropy_forward, (const T* logits, const std::int64_t* targets, accum_t<T>* lse,                   \
-                                  accum_t<T>* loss, std::int64_t rows, std::int64_t V, std::int64_t ignore_index,  \
-                                  std::int64_t count), __VA_ARGS__)                                                \
+                                  accum_t<T>* loss, std::int64_t rows, std::int64_t V, std::int64_t ld,            \
+                                  std::int64_t ignore_index, std::int64_t count), __VA_ARGS__)                     \
   K(void, cross_entropy_backward, (const T* logits, const std::int64_t* targets, const accum_t<T>* lse,            \
                                    const accum_t<T>* dloss, std::int64_t count, T* dlogits, std::int64_t rows,     \
-                                   std::int64_t V, std::int64_t ignore_index), __VA_ARGS__)
+                                   std::int64_t V, std::int64_t ld, std::int64_t ld_out, std::int64_t ignore_index), \
+    __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_NN)
