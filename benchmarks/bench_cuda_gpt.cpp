@@ -3,11 +3,13 @@
 // cuda> (compute in --precision through per-step bf16/fp16 weight copies refreshed on the GPU after each
 // step; fp16 with DynamicScaler), optim::BasicAdamW<cuda> over default_groups (one multi-tensor launch per
 // parameter group and step) and
-// GradAccumRuntime(1) for the step, as train_gpt --device cuda does (without clipping, as PyTorch's
-// benchmarks/torch_gpt_cuda.py runs). Prints ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token,
+// GradAccumRuntime(--grad-accum) for the step, as train_gpt --device cuda does (without clipping, as PyTorch's
+// benchmarks/torch_gpt_cuda.py runs). A step is --grad-accum micro-batches of B x T tokens. The timed steps
+// run between profiler_start and profiler_stop, so `ncu --profile-from-start off` profiles those alone. Prints ms/step, tokens/s and MFU (6·N + 12·L·T·C FLOPs per token,
 // Kaplan et al. / PaLM appendix B, against --peak-tflops), then one machine-readable RESULT line for
 // scripts/gpu-check.sh.
 //   bench_cuda_gpt --model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10
+//   bench_cuda_gpt --model gpt2 --precision bf16 --batch 8 --seq 1024 --grad-accum 2 --steps 10
 //   bench_cuda_gpt --model tiny --precision fp32 --steps 20 --peak-tflops 67
 #include <chrono>
 #include <cmath>
@@ -29,14 +31,14 @@ namespace {
 struct Args {
   std::string model = "gpt2", precision = "bf16";
   std::int64_t batch = 16, seq = 1024;
-  int steps = 10, warmup = 2;
+  int steps = 10, warmup = 2, grad_accum = 1;
   double peak_tflops = 989.0;  // dense bf16 of an H100 / H200 SXM (datasheet)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_cuda_gpt: %s\nusage: bench_cuda_gpt [--model tiny|small|gpt2] [--precision bf16|fp16|fp32] "
-               "[--batch B] [--seq T] [--steps N] [--warmup N] [--peak-tflops X]\n",
+               "[--batch B] [--seq T] [--grad-accum N] [--steps N] [--warmup N] [--peak-tflops X]\n",
                why.c_str());
   std::exit(2);
 }
@@ -76,6 +78,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--precision") a.precision = v;
     else if (k == "--batch") a.batch = number(k, v);
     else if (k == "--seq") a.seq = number(k, v);
+    else if (k == "--grad-accum") a.grad_accum = static_cast<int>(number(k, v));
     else if (k == "--steps") a.steps = static_cast<int>(number(k, v));
     else if (k == "--warmup") a.warmup = static_cast<int>(number(k, v, /*zero_ok=*/true));
     else if (k == "--peak-tflops") {
@@ -104,36 +107,43 @@ int run(const Args& a) {
                                       {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::amp::MixedPrecision<Policy, tg::amp::default_scaler_t<Policy>, tg::cuda> amp(params, opt);
   tg::optim::Schedule schedule = tg::optim::Constant{3e-4f};
-  tg::optim::GradAccumRuntime accum(1);
+  tg::optim::GradAccumRuntime accum(a.grad_accum);
 
   double n_params = 0;  // the tied LM head counted once (nn::count_parameters' count)
   for (const auto& p : params) n_params += static_cast<double>(p.tensor.numel());
   const double flops_per_token =
       6.0 * n_params + 12.0 * static_cast<double>(cfg.n_layer * a.seq * cfg.n_embd);
-  auto step = [&](int i) {
-    const auto [x, y] = tg::testing::synthetic_batch(a.batch, a.seq, cfg.vocab_size, 7, static_cast<std::uint64_t>(i));
-    const tg::Tensor<float, tg::cuda> loss = amp.loss(amp.forward(model, x, dropout_gen), y);  // fp32 loss
-    accum.scale(loss, amp.scaler).backward();
-    if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum);  // refreshes the copies
+  auto step = [&](int i) {  // one optimizer step: grad_accum micro-batches; returns the last one's loss
+    tg::Tensor<float, tg::cuda> loss;
+    for (int m = 0; m < a.grad_accum; ++m) {
+      const auto batch = static_cast<std::uint64_t>(i) * static_cast<std::uint64_t>(a.grad_accum) + static_cast<std::uint64_t>(m);
+      const auto [x, y] = tg::testing::synthetic_batch(a.batch, a.seq, cfg.vocab_size, 7, batch);
+      loss = amp.loss(amp.forward(model, x, dropout_gen), y);  // fp32 loss
+      accum.scale(loss, amp.scaler).backward();
+      // The copies: AdamW wrote them in its update, the rest (none here) are converted.
+      if (accum.micro_step(opt, schedule, std::nullopt, amp.scaler)) amp.after_step(accum, tg::amp::CopyRefresh::unwritten);
+    }
     return loss;
   };
   double first_loss = 0, last_loss = 0;
   for (int i = 0; i < a.warmup; ++i) first_loss = static_cast<double>(step(i).item());
   tg::backend::cuda::synchronize();
+  tg::backend::cuda::profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   tg::Tensor<float, tg::cuda> loss;
   for (int i = 0; i < a.steps; ++i) loss = step(a.warmup + i);
   tg::backend::cuda::synchronize();
+  tg::backend::cuda::profiler_stop();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_loss = static_cast<double>(loss.item());
-  const double tokens = static_cast<double>(a.batch * a.seq) * a.steps;
+  const double tokens = static_cast<double>(a.batch * a.seq) * a.grad_accum * a.steps;
   const double tps = tokens / secs, mfu = tps * flops_per_token / (a.peak_tflops * 1e12);
   const auto stats = tg::allocator<tg::cuda>().stats();
   std::printf("device        %s\n", tg::backend::cuda::device_description().c_str());
-  std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, AdamW (BasicAdamW<cuda>), "
-              "%d steps after %d warm-up\n",
+  std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, grad-accum %d, "
+              "AdamW (BasicAdamW<cuda>), %d steps after %d warm-up\n",
               a.model.c_str(), n_params / 1e6, a.precision.c_str(), static_cast<long long>(a.batch),
-              static_cast<long long>(a.seq), a.steps, a.warmup);
+              static_cast<long long>(a.seq), a.grad_accum, a.steps, a.warmup);
   std::printf("precision     %s: weight copies %.1f MiB (refreshed %lld times), loss scaler %s\n",
               std::string(tg::amp::policy_name<Policy>()).c_str(), static_cast<double>(amp.weights.nbytes()) / (1 << 20),
               static_cast<long long>(amp.weights.refreshes()), decltype(amp.scaler)::kind());
@@ -142,7 +152,9 @@ int run(const Args& a) {
   std::printf("tokens/s      %.0f\n", tps);
   std::printf("MFU           %.1f%% of %.0f TFLOP/s\n", 100 * mfu, a.peak_tflops);
   std::printf("peak memory   %.2f GiB (caching allocator)\n", static_cast<double>(stats.peak_bytes) / (1 << 30));
-  std::printf("RESULT tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f loss=%.4f\n", tps, 1e3 * secs / a.steps, mfu, last_loss);
+  const double peak_gib = static_cast<double>(stats.peak_bytes) / (1 << 30);
+  std::printf("RESULT tokens_per_s=%.0f ms_per_step=%.2f mfu=%.4f peak_gib=%.2f loss=%.4f\n", tps, 1e3 * secs / a.steps,
+              mfu, peak_gib, last_loss);
   if (!std::isfinite(last_loss)) {
     std::fprintf(stderr, "bench_cuda_gpt: the loss is not finite (%g)\n", last_loss);
     return 1;

@@ -20,6 +20,7 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches of B x T per optimizer step")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
@@ -27,6 +28,8 @@ def main():
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
                     help="torch.compile's mode when --compile is given")
     a = ap.parse_args()
+    if a.grad_accum < 1:
+        ap.error(f"--grad-accum needs a whole number of at least 1, got {a.grad_accum}")
 
     try:
         import torch
@@ -87,11 +90,12 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     g = torch.Generator(device="cpu").manual_seed(7)
 
-    def step():
-        idx = torch.randint(0, V, (a.batch, a.seq + 1), generator=g).to(dev, non_blocking=True)
-        with torch.autocast("cuda", dtype=dtype, enabled=a.precision != "fp32"):
-            loss = step_model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
+    def step():  # one optimizer step over a.grad_accum micro-batches; returns the last one's loss
+        for _ in range(a.grad_accum):
+            idx = torch.randint(0, V, (a.batch, a.seq + 1), generator=g).to(dev, non_blocking=True)
+            with torch.autocast("cuda", dtype=dtype, enabled=a.precision != "fp32"):
+                loss = step_model(idx[:, :-1], idx[:, 1:])
+            (loss / a.grad_accum if a.grad_accum > 1 else loss).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -106,18 +110,20 @@ def main():
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     last = loss.item()
-    tokens = a.batch * a.seq * a.steps
+    tokens = a.batch * a.seq * a.grad_accum * a.steps
     tps = tokens / secs
     mfu = tps * (6 * n_params + 12 * L * a.seq * C) / (a.peak_tflops * 1e12)
     print(f"device        {torch.cuda.get_device_name()} (torch {torch.__version__})")
     print(f"model         {a.model} ({n_params / 1e6:.1f}M parameters), {a.precision}, B={a.batch} T={a.seq}, "
-          f"AdamW (fused), {a.steps} steps after {a.warmup} warm-up")
+          f"grad-accum {a.grad_accum}, AdamW (fused), {a.steps} steps after {a.warmup} warm-up")
     print(f"loss          {first:.4f} (warm-up) -> {last:.4f}")
     print(f"ms/step       {1e3 * secs / a.steps:.1f}")
     print(f"tokens/s      {tps:.0f}")
     print(f"MFU           {100 * mfu:.1f}% of {a.peak_tflops:.0f} TFLOP/s")
     print(f"peak memory   {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
-    print(f"RESULT tokens_per_s={tps:.0f} ms_per_step={1e3 * secs / a.steps:.2f} mfu={mfu:.4f} loss={last:.4f}")
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    print(f"RESULT tokens_per_s={tps:.0f} ms_per_step={1e3 * secs / a.steps:.2f} mfu={mfu:.4f} peak_gib={peak_gib:.2f} "
+          f"loss={last:.4f}")
     return 0 if math.isfinite(last) else 1
 
 

@@ -5,9 +5,11 @@
 # copies and the trainer's step on CUDA vs the CPU), run `train_gpt --device cuda` end to end against the
 # CPU trainer (tests/trainer/train_gpt_cuda.sh; needs CLI11 like every train_gpt build), run the GPU
 # training benchmark (nn::BasicGPT<cuda> + BasicAdamW<cuda> + MixedPrecision: gpt2, bf16, B=16, T=1024) and
-# PyTorch's equivalent when torch with CUDA is importable (eager, then torch.compile in modes default and
-# reduce-overhead while time is left), the fused attention against the composite and PyTorch's SDPA, and print
-# a short table. Its last line is `ratio typegrad/pytorch_eager X.XX` (tokens/s, the benchmark's shape).
+# PyTorch's eager equivalent when torch with CUDA is importable, the fused attention against the composite and
+# PyTorch's SDPA, then while time is left: both frameworks at B=8 with two micro-batches per step, Nsight
+# Compute's per-kernel times of one typegrad step (benchmarks/ncu_summary.py), and torch.compile'd PyTorch in
+# modes default and reduce-overhead. It prints one table (tokens/s, ms/step, MFU and peak memory of each run)
+# and the ncu summary. Its last line is `ratio typegrad/pytorch_eager X.XX` (tokens/s at BENCH_ARGS).
 # Budget: 8 minutes (TG_GPU_BUDGET seconds) in all. Every stage runs under `timeout` with a limit that
 # leaves the later stages their minimum, so the script cannot run past the budget: a stage that runs out
 # of time is reported as "timed out" in the table (and fails the check) instead of stopping the script.
@@ -30,6 +32,7 @@ ARCH=${TG_GPU_ARCH:-90}
 BUILD=${TG_GPU_BUILD:-build/gpu}
 JOBS=${TG_GPU_JOBS:-$(nproc)}
 BENCH_ARGS=${BENCH_ARGS:-"--model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10 --warmup 2"}
+ACCUM_ARGS=${ACCUM_ARGS:-"--model gpt2 --precision bf16 --batch 8 --seq 1024 --grad-accum 2 --steps 10 --warmup 2"}
 LOG=$BUILD/gpu-check-logs
 PREBUILT=${TG_GPU_PREBUILT:-}
 BIN=${PREBUILT:-$BUILD}  # where the binaries are
@@ -199,57 +202,50 @@ if [ -z "$TRAINER_NOTE" ]; then
 fi  # TG_GPU_PREBUILT
 
 # ---- benchmarks ----------------------------------------------------------------------------------------------
+# Each run prints a RESULT line (tokens_per_s, ms_per_step, mfu, peak_gib); run_bench LABEL LOGNAME CAP
+# RESERVE CMD... runs one under its limit and adds a row to the table (a failed or cut-short run has no
+# number to trust: its row says why). The ratio on the last line is typegrad over PyTorch eager at BENCH_ARGS.
 field() { grep -Eo "$1=[0-9.]+" "$2" | head -1 | cut -d= -f2; }
-BENCH_LIMIT=$(stage_limit 90 "$TORCH_MIN")
-step "typegrad GPU benchmark: $BENCH_ARGS (at most ${BENCH_LIMIT} s)"
-# shellcheck disable=SC2086
-limited "$BENCH_LIMIT" "$LOG/bench_typegrad.log" "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS
-BRC=$?
-cat "$LOG/bench_typegrad.log"
-TG_TPS=$(field tokens_per_s "$LOG/bench_typegrad.log")
-TG_MFU=$(field mfu "$LOG/bench_typegrad.log")
-[ "$BRC" = 0 ] || { TG_TPS=""; TG_MFU=""; }  # a failed or cut-short run has no number to trust
-
-PT_TPS="" PT_MFU="" PT_NOTE=""
-TORCH_LIMIT=$(stage_limit 90 0)
-if [ "$TORCH_LIMIT" -lt 10 ]; then
-  PT_NOTE="NOT RUN (no time left)"
-elif timeout "$((TORCH_LIMIT < 30 ? TORCH_LIMIT : 30))" python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
-  TORCH_LIMIT=$(stage_limit 90 0)
-  step "PyTorch benchmark: $BENCH_ARGS (at most ${TORCH_LIMIT} s)"
-  # shellcheck disable=SC2086
-  limited "$TORCH_LIMIT" "$LOG/bench_torch.log" python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS
-  PRC=$?
-  cat "$LOG/bench_torch.log"
-  if [ "$PRC" = 0 ]; then
-    PT_TPS=$(field tokens_per_s "$LOG/bench_torch.log")
-    PT_MFU=$(field mfu "$LOG/bench_torch.log")
+ROWS=()
+LAST_RC=0
+run_bench() {
+  local label=$1 log=$LOG/$2.log cap=$3 reserve=$4
+  shift 4
+  local limit
+  limit=$(stage_limit "$cap" "$reserve")
+  step "$label (at most ${limit} s)"
+  limited "$limit" "$log" "$@"
+  LAST_RC=$?
+  cat "$log"
+  if [ "$LAST_RC" = 0 ] && [ -n "$(field tokens_per_s "$log")" ]; then
+    local mfu peak
+    mfu=$(awk -v m="$(field mfu "$log")" 'BEGIN { printf "%.1f%%", 100 * m }')
+    peak=$(field peak_gib "$log")
+    ROWS+=("| $label | $(field tokens_per_s "$log") | $(field ms_per_step "$log") | $mfu | ${peak:--} GiB |")
   else
-    PT_NOTE="$(outcome "$PRC" "$TORCH_LIMIT") ($LOG/bench_torch.log)"
+    ROWS+=("| $label | $(outcome "$LAST_RC" "$limit") ($log) | | | |")
   fi
-else
-  PT_NOTE="PyTorch with CUDA is not importable here: no comparison"
+}
+TORCH_OK=0
+if timeout 30 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+  TORCH_OK=1
 fi
 
-# ---- torch.compile'd PyTorch (modes default and reduce-overhead), when time is left -----------------------------
-PT_COMPILED=()
-for mode in default reduce-overhead; do
-  CLIMIT=$(stage_limit 120 45)
-  if [ -n "$PT_TPS" ] && [ "$CLIMIT" -ge 30 ]; then
-    step "PyTorch benchmark, torch.compile mode $mode: $BENCH_ARGS (at most ${CLIMIT} s)"
-    # shellcheck disable=SC2086
-    if limited "$CLIMIT" "$LOG/bench_torch_compile_$mode.log" python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --compile --compile-mode "$mode"; then
-      PT_COMPILED+=("$mode $(field tokens_per_s "$LOG/bench_torch_compile_$mode.log") tokens/s")
-    else
-      PT_COMPILED+=("$mode failed or cut short ($LOG/bench_torch_compile_$mode.log)")
-    fi
-    tail -3 "$LOG/bench_torch_compile_$mode.log"
-  else
-    PT_COMPILED+=("$mode not run (no time left, or no PyTorch)")
-  fi
-done
+# 1. the ratio's pair: typegrad and PyTorch eager at BENCH_ARGS
+# shellcheck disable=SC2086
+run_bench "typegrad, $BENCH_ARGS" bench_typegrad 90 "$TORCH_MIN" "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS
+BRC=$LAST_RC
+TG_TPS=$([ "$BRC" = 0 ] && field tokens_per_s "$LOG/bench_typegrad.log")
+PT_TPS=""
+if [ "$TORCH_OK" = 1 ]; then
+  # shellcheck disable=SC2086
+  run_bench "PyTorch eager, $BENCH_ARGS" bench_torch 90 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS
+  [ "$LAST_RC" = 0 ] && PT_TPS=$(field tokens_per_s "$LOG/bench_torch.log")
+else
+  ROWS+=("| PyTorch eager | PyTorch with CUDA is not importable here: no comparison | | | |")
+fi
 
-# ---- the fused attention alone: typegrad fused vs composite, PyTorch SDPA (same shape) -------------------------
+# 2. the fused attention alone: typegrad fused vs composite, PyTorch SDPA (same shape)
 ATTN_ARGS="--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64"
 ATTN="-" ATTN_TORCH="-"
 ATTN_LIMIT=$(stage_limit 45 0)
@@ -263,7 +259,7 @@ if [ -x "$BIN/tests/bench_cuda_attention" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
   fi
   cat "$LOG/bench_attention.log"
   ATTN_LIMIT=$(stage_limit 45 0)
-  if [ -n "$PT_TPS" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
+  if [ "$TORCH_OK" = 1 ] && [ "$ATTN_LIMIT" -ge 10 ]; then
     # shellcheck disable=SC2086
     if limited "$ATTN_LIMIT" "$LOG/bench_sdpa.log" python3 benchmarks/torch_sdpa_cuda.py $ATTN_ARGS; then
       ATTN_TORCH="$(field torch_ms "$LOG/bench_sdpa.log") ms"
@@ -274,30 +270,81 @@ if [ -x "$BIN/tests/bench_cuda_attention" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
   fi
 fi
 
+# 3. half the batch with two micro-batches per step (the same tokens per step), both frameworks, while time is left
+optional_bench() {  # LABEL LOGNAME CMD...: run_bench with a 90 s cap when at least 30 s are left, else a row saying so
+  if [ "$(stage_limit 90 0)" -ge 30 ]; then
+    run_bench "$@"
+  else
+    ROWS+=("| $1 | not run (no time left in the ${BUDGET} s budget) | | | |")
+  fi
+}
+# shellcheck disable=SC2086
+optional_bench "typegrad, $ACCUM_ARGS" bench_typegrad_accum 90 0 "$BIN/tests/bench_cuda_gpt" $ACCUM_ARGS
+if [ "$TORCH_OK" = 1 ]; then
+  # shellcheck disable=SC2086
+  optional_bench "PyTorch eager, $ACCUM_ARGS" bench_torch_accum 90 0 python3 benchmarks/torch_gpt_cuda.py $ACCUM_ARGS
+fi
+
+# 4. where one typegrad step's time goes: Nsight Compute, each kernel of the timed step summed by name
+NCU_SUMMARY="not run"
+NCU=$(command -v ncu)
+for c in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+  [ -z "$NCU" ] && [ -x "$c" ] && NCU=$c
+done
+NCU_ARGS="--model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 1 --warmup 1"
+NCU_LIMIT=$(stage_limit 120 0)
+if [ -z "$NCU" ]; then
+  NCU_SUMMARY="not run: ncu (Nsight Compute) not found"
+elif [ "$NCU_LIMIT" -lt 40 ]; then
+  NCU_SUMMARY="not run: no time left in the ${BUDGET} s budget"
+else
+  step "ncu per-kernel profile of one step: $NCU_ARGS (at most ${NCU_LIMIT} s)"
+  # shellcheck disable=SC2086
+  if limited "$NCU_LIMIT" "$LOG/ncu.csv" "$NCU" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+    "$BIN/tests/bench_cuda_gpt" $NCU_ARGS &&
+    python3 benchmarks/ncu_summary.py "$LOG/ncu.csv" --top 15 >"$LOG/ncu_summary.md" 2>&1; then
+    NCU_SUMMARY=$(head -1 "$LOG/ncu_summary.md")
+  else
+    NCU_SUMMARY="failed or cut short ($LOG/ncu.csv, $LOG/ncu_summary.md)"
+    tail -5 "$LOG/ncu.csv"
+  fi
+fi
+
+# 5. torch.compile'd PyTorch (modes default and reduce-overhead) at BENCH_ARGS, while time is left
+for mode in default reduce-overhead; do
+  label="PyTorch torch.compile mode $mode, $BENCH_ARGS"
+  if [ "$TORCH_OK" = 1 ] && [ "$(stage_limit 120 0)" -ge 30 ]; then
+    # shellcheck disable=SC2086
+    run_bench "$label" "bench_torch_compile_$mode" 120 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --compile --compile-mode "$mode"
+  else
+    ROWS+=("| $label | not run (no time left, or no PyTorch) | | | |")
+  fi
+done
+
 # ---- table ----------------------------------------------------------------------------------------------------
-pct() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo "-"; fi; }
 RATIO="-"
 [ -n "$TG_TPS" ] && [ -n "$PT_TPS" ] && RATIO=$(awk -v a="$TG_TPS" -v b="$PT_TPS" 'BEGIN { printf "%.2f", a / b }')
 echo
-echo "| check | result |"
-echo "|---|---|"
-echo "| GPU | $GPU |"
-echo "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT, weight copies, trainer step) | $(tests_row "$CP" "$CF" "$CS" "$CN" "$CRC") |"
-echo "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | $(tests_row "$OP" "$OF" "$OS" "$ON" "$ORC") |"
-echo "| train_gpt --device cuda vs --device cpu | $TRAINER |"
-echo "| typegrad tokens/s ($BENCH_ARGS) | ${TG_TPS:-$(outcome "$BRC" "$BENCH_LIMIT") ($LOG/bench_typegrad.log)} |"
-echo "| typegrad MFU | $(pct "$TG_MFU") |"
-echo "| PyTorch tokens/s | ${PT_TPS:-$PT_NOTE} |"
-echo "| PyTorch MFU | $(pct "$PT_MFU") |"
-echo "| typegrad / PyTorch | $RATIO |"
-for row in "${PT_COMPILED[@]}"; do echo "| PyTorch torch.compile | $row |"; done
-echo "| attention fwd+bwd, typegrad ($ATTN_ARGS) | $ATTN |"
-echo "| attention fwd+bwd, PyTorch SDPA | $ATTN_TORCH |"
-echo "| wall time | $(elapsed) s (budget $BUDGET s) |"
+echo "| check or run | result, or tokens/s | ms/step | MFU (989 TFLOP/s) | peak memory |"
+echo "|---|---|---|---|---|"
+echo "| GPU | $GPU | | | |"
+echo "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT, weight copies, trainer step, NCCL world of 1) | $(tests_row "$CP" "$CF" "$CS" "$CN" "$CRC") | | | |"
+echo "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | $(tests_row "$OP" "$OF" "$OS" "$ON" "$ORC") | | | |"
+echo "| train_gpt --device cuda vs --device cpu | $TRAINER | | | |"
+for row in "${ROWS[@]}"; do echo "$row"; done
+echo "| typegrad / PyTorch eager, tokens/s at $BENCH_ARGS | $RATIO | | | |"
+echo "| attention fwd+bwd, typegrad ($ATTN_ARGS) | $ATTN | | | |"
+echo "| attention fwd+bwd, PyTorch SDPA | $ATTN_TORCH | | | |"
+echo "| ncu, one typegrad step ($NCU_ARGS) | $NCU_SUMMARY | | | |"
+echo "| wall time | $(elapsed) s (budget $BUDGET s) | | | |"
+if [ -s "$LOG/ncu_summary.md" ] && grep -q '^| ' "$LOG/ncu_summary.md"; then
+  echo
+  cat "$LOG/ncu_summary.md"
+fi
 echo "logs: $LOG"
 
 [ "$TESTS_OK" = 1 ] || die "GPU tests failed, timed out or skipped (test_cuda rc $CRC, test_ops rc $ORC, train_gpt: $TRAINER; logs in $LOG)"
-[ "$BRC" = 0 ] || die "the typegrad GPU benchmark $(outcome "$BRC" "$BENCH_LIMIT") ($LOG/bench_typegrad.log)"
+[ "$BRC" = 0 ] || die "the typegrad GPU benchmark did not pass (rc $BRC; $LOG/bench_typegrad.log)"
 [ "$(elapsed)" -le "$BUDGET" ] || die "took $(elapsed) s, over the ${BUDGET} s budget"
 echo "gpu-check: OK"
 echo "ratio typegrad/pytorch_eager $RATIO"

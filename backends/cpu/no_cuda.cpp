@@ -27,6 +27,8 @@ void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_hos
 void copy_device_to_host(void*, const void*, std::size_t) { no_backend("copy_device_to_host"); }
 void copy_device_to_device(void*, const void*, std::size_t) { no_backend("copy_device_to_device"); }
 void synchronize() { no_backend("synchronize"); }
+void profiler_start() { no_backend("profiler_start"); }
+void profiler_stop() { no_backend("profiler_stop"); }
 Stream::Stream() { no_backend("Stream"); }
 Stream::~Stream() = default;
 void Stream::synchronize() const { no_backend("Stream::synchronize"); }

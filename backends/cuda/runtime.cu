@@ -1,6 +1,8 @@
 // Device queries, streams and events, host<->device copies and fill.
 #include <string>
 
+#include <cuda_profiler_api.h>
+
 #include "check.cuh"
 #include "typegrad/detail/cuda/runtime.hpp"
 
@@ -91,6 +93,8 @@ void copy_device_to_device(void* dst, const void* src, std::size_t bytes) {  // 
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, t_current_stream));
 }
 void synchronize() { TG_CUDA_CHECK(cudaDeviceSynchronize()); }
+void profiler_start() { TG_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { TG_CUDA_CHECK(cudaProfilerStop()); }
 
 namespace {
 template <class T>

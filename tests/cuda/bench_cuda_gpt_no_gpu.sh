@@ -9,7 +9,7 @@ out=$(mktemp) err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$out"; echo "--- stderr"; cat "$err"; exit 1; }
 
-for bad in "--precision fp8" "--model huge" "--batch 0" "--steps x" "--seq 4096" "--peak-tflops -1" "--frobnicate 1"; do
+for bad in "--precision fp8" "--model huge" "--batch 0" "--grad-accum 0" "--steps x" "--seq 4096" "--peak-tflops -1" "--frobnicate 1"; do
   # shellcheck disable=SC2086
   "$B" $bad >"$out" 2>"$err"
   rc=$?
@@ -22,7 +22,7 @@ grep -q "unknown precision 'fp8' (expected bf16, fp16 or fp32)" <("$B" --precisi
 "$B" --model tiny --precision bf16 --batch 1 --seq 16 --steps 1 --warmup 0 >"$out" 2>"$err"
 rc=$?
 if [ $rc -eq 0 ]; then
-  grep -q "^RESULT tokens_per_s=[0-9]* ms_per_step=[0-9.]* mfu=[0-9.]* loss=[0-9.]*$" "$out" || fail "no RESULT line"
+  grep -q "^RESULT tokens_per_s=[0-9]* ms_per_step=[0-9.]* mfu=[0-9.]* peak_gib=[0-9.]* loss=[0-9.]*$" "$out" || fail "no RESULT line"
   echo "SKIP: a CUDA device is present, so the benchmark ran"
   exit 77
 fi

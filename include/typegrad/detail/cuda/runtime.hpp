@@ -94,6 +94,10 @@ void copy_host_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes);
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes);
 void synchronize();
+/// Starts and stops the profiler's collection (cudaProfilerStart / cudaProfilerStop): under
+/// `ncu --profile-from-start off` only the kernels between the two are profiled (bench_cuda_gpt's timed steps).
+void profiler_start();
+void profiler_stop();
 
 // fill and add_inplace are declared once for both devices (detail/kernels/core.hpp).
 
