@@ -496,14 +496,13 @@ class TensorParallelGPT {
   template <FloatingElement T>
   Tensor<T, D> block_forward(std::int64_t l, Tensor<T, D> x, Generator& dropout_gen, bool training) const {
     if (options_.sequence_parallel) return sequence_parallel_block<T>(l, x, dropout_gen, training);
-    const std::int64_t B = x.size(0), T_ = x.size(1), C = config_.n_embd, n = tp_->size();
-    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head;
+    const std::int64_t Hl = config_.n_head / tp_->size();  // this rank's heads
     Communicator& g = *tp_;
     const std::string h = "h." + std::to_string(l) + ".";
     const Tensor<T, D> a = copy_to_group(layernorm(x, w<T>(h + "ln_1.weight"), w<T>(h + "ln_1.bias")), g, &bytes_);
     const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
-    auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
-    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
+    // the local heads straight from the packed (q | k | v) columns, (B,T,C/n) out: no head-layout copies
+    const Tensor<T, D> y = causal_attention_qkv(qkv, Hl);
     const Tensor<T, D> o = add(reduce_from_group(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), w<T>(h + "attn.c_proj.bias"));
     x = add(x, dropout(o, config_.dropout, dropout_gen, training));
     const Tensor<T, D> m = copy_to_group(layernorm(x, w<T>(h + "ln_2.weight"), w<T>(h + "ln_2.bias")), g, &bytes_);
@@ -621,16 +620,16 @@ class TensorParallelGPT {
   /// Block l under sequence parallelism (Note [sequence parallelism]) on this rank's positions x (B,T/n,C).
   template <FloatingElement T>
   Tensor<T, D> sequence_parallel_block(std::int64_t l, Tensor<T, D> x, Generator& dropout_gen, bool training) const {
-    const std::int64_t B = x.size(0), n = tp_->size(), T_ = x.size(1) * n, C = config_.n_embd;
-    const std::int64_t Cl = C / n, Hl = config_.n_head / n, hs = C / config_.n_head, t0 = tp_->rank() * x.size(1);
+    const std::int64_t n = tp_->size(), T_ = x.size(1) * n;
+    const std::int64_t Hl = config_.n_head / n, t0 = tp_->rank() * x.size(1);
     Communicator& g = *tp_;
     const std::string h = "h." + std::to_string(l) + ".";
     const auto rep = summed_over_group<T>({h + "ln_1.weight", h + "ln_1.bias", h + "attn.c_proj.bias", h + "ln_2.weight", h + "ln_2.bias",
                                            h + "mlp.c_proj.bias"});
     const Tensor<T, D> a = gather_from_sequence(layernorm(x, rep[0], rep[1]), g, &bytes_);  // (B,T,C)
     const Tensor<T, D> qkv = linear(a, w<T>(h + "attn.c_attn.weight"), w<T>(h + "attn.c_attn.bias"));  // (B,T,3·C/n)
-    auto heads = [&](std::int64_t part) { return qkv.narrow(2, part * Cl, Cl).reshape({B, T_, Hl, hs}).transpose(1, 2).contiguous(); };
-    const Tensor<T, D> y = causal_attention(heads(0), heads(1), heads(2)).transpose(1, 2).reshape({B, T_, Cl});
+    // the local heads straight from the packed (q | k | v) columns, (B,T,C/n) out: no head-layout copies
+    const Tensor<T, D> y = causal_attention_qkv(qkv, Hl);
     const Tensor<T, D> o = add(reduce_scatter_to_sequence(linear(y, w<T>(h + "attn.c_proj.weight")), g, &bytes_), rep[2]);  // (B,T/n,C)
     x = add(x, sequence_parallel_dropout(o, config_.dropout, dropout_gen, training, T_, t0));
     const Tensor<T, D> m = gather_from_sequence(layernorm(x, rep[3], rep[4]), g, &bytes_);
