@@ -193,8 +193,6 @@ void validate_options(const Options& o) {
   positive("--tp", o.tp, 4096);
   positive("--pp", o.pp, 4096);
   // tg::compile in the trainer (Note [compiled steps in the trainer])
-  if ((o.plan || !o.memory_budget.empty()) && o.grid)
-    throw tg::Error("--plan and --memory-budget are not combined with --tp/--pp yet");
   if ((o.compile || o.plan || !o.memory_budget.empty()) && o.eval_only)
     throw tg::Error("--compile, --plan and --memory-budget plan a training step: --eval-only trains nothing");
   if (!o.memory_budget.empty() && o.checkpoint_given)

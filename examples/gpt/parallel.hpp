@@ -47,8 +47,10 @@ inline std::unique_ptr<tg::nn::GPT> full_model_of(const tg::nn::GPTConfig& confi
 
 /// The grid run of --tp / --pp with policy P and the blocks' checkpointing C (Note [model parallelism in the
 /// trainer]).
+/// With `probe` (--plan, --memory-budget), the run only captures one compiled step on every rank (the
+/// collectives included) and returns this rank's memory plan there: nothing is printed, validated or written.
 template <class P, class C>
-int train_parallel(Options o) {
+int train_parallel(Options o, tg::capture::MemoryPlan* probe = nullptr) {
   tg::dist::Communicator& world = tg::dist::world();
   world.set_timeout(std::chrono::seconds(o.dist_timeout));
   tg::dist::ProcessGrid grid(world, static_cast<int>(o.tp), static_cast<int>(o.pp));
@@ -92,7 +94,7 @@ int train_parallel(Options o) {
     if (auto it = r.generators.find("dropout"); it != r.generators.end()) tg::io::restore(dropout_gen, it->second);
     if (auto it = r.generators.find("sample"); it != r.generators.end()) tg::io::restore(sample_gen, it->second);
     start_step = r.step;
-    if (world.rank() == 0)
+    if (world.rank() == 0 && !probe)
       std::printf("resumed from %s at step %lld of %lld\n", resume->path.c_str(), (long long)r.step, (long long)o.steps);
   }
   const bool root = world.rank() == 0;
@@ -123,7 +125,7 @@ int train_parallel(Options o) {
     step = std::make_unique<tg::train::TrainStep<P, C>>(params, *opt, schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
     step->restore_steps(schedule.step());
   }
-  if (root) {
+  if (root && !probe) {
     std::printf("typegrad %s | data: %s | tokenizer: %s\n", TG_VERSION_STRING, data.ds->source().c_str(), data.tok.describe().c_str());
     std::printf("model %s: L=%lld H=%lld C=%lld V=%lld, %.2fM parameters | grid: dp %d x pp %d x tp %d = %d ranks (mpi), %lld micro-batches of %lldx%lld per replica%s%s\n",
                 o.model.c_str(), (long long)config.n_layer, (long long)config.n_head, (long long)config.n_embd, (long long)config.vocab_size,
@@ -179,7 +181,7 @@ int train_parallel(Options o) {
     const std::string path = ckpts->save(host, tg::dist::ConsolidatedState(*opt, std::move(gathered.state)), r);
     std::printf("saved %s\n", path.c_str());
   };
-  if (start_step == 0) validate(0);
+  if (start_step == 0 && !probe) validate(0);
   tg::train::JsonLinesLog log(root ? o.log : std::string(), start_step, tg::train::OnLogError::stop);
   tg::train::RunClock clock(o.global_batch() * o.seq * o.grad_accum, start_step, o.steps);
   auto next = [&] { return sampler.next(); };
@@ -199,6 +201,11 @@ int train_parallel(Options o) {
   // collectives run inside it as in the eager step.
   auto compiled = tg::compile(run_step);
   compiled.set_parameters(params);
+  if (probe) {  // --plan, --memory-budget: every rank captures one step (Note [compiled steps in the trainer])
+    compiled();
+    *probe = compiled.memory_plan();
+    return 0;
+  }
   for (std::int64_t k = start_step + 1; k <= o.steps; ++k) {
     resident = tg::allocator<tg::cpu>().stats().bytes_in_use;
     tg::allocator<tg::cpu>().reset_peak();

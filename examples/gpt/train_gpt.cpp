@@ -22,7 +22,9 @@ namespace train_gpt {
 // Results are the eager run's bit for bit. --plan builds the run, captures one step (on the run's own model and
 // optimizer: nothing is written), prints the plan and exits. --memory-budget B does the same for each
 // activation checkpointing from the least recompute (none, selective, blocks) before the run starts, and
-// trains with the first whose planned peak fits B; none fitting is an error naming the smallest peak.
+// trains with the first whose planned peak fits B; none fitting is an error naming the smallest peak. On a
+// --tp/--pp grid every rank captures its own step (collectives included) and the largest peak over the ranks
+// decides, so the ranks choose alike.
 
 /// One run with the precision policy P (--precision), the activation checkpointing C (--checkpoint) on the
 /// device D (--device): the types the command line chose, at one boundary (main). With `probe`, the run only
@@ -131,7 +133,9 @@ TRAIN_GPT_RUNS(TRAIN_GPT_GPU_RUN)
 namespace train_gpt {
 /// --plan and --memory-budget (Note [compiled steps in the trainer]): captures one step of the run under each
 /// candidate checkpointing, prints the plans, and sets o.checkpoint to the choice (a budget that nothing fits
-/// is an error before any training).
+/// is an error before any training). On a --tp/--pp grid every rank captures its own step and the peak that
+/// counts is the largest over the ranks, so all of them choose the same checkpointing (rank 0 prints its
+/// plan and that largest peak).
 inline void plan_memory(Options& o) {
   Options q = o;  // a probe writes nothing
   q.log.clear();
@@ -141,19 +145,34 @@ inline void plan_memory(Options& o) {
       o.memory_budget.empty() ? std::vector<std::string>{o.checkpoint} : std::vector<std::string>{"none", "selective", "blocks"};
   std::string chosen, report;
   std::int64_t smallest = std::numeric_limits<std::int64_t>::max();
-  std::string smallest_name;
+  std::string smallest_name, smallest_where;
   for (const auto& name : candidates) {
     q.checkpoint = name;
     tg::capture::MemoryPlan plan;
     tg::amp::with_precision(q.precision, [&]<class P>() {
       return tg::with_checkpointing(q.checkpoint, [&]<class C>() {
+        if (q.grid) return train_parallel<P, C>(q, &plan);
         return q.device == "cuda" ? train<P, C, tg::cuda>(q, &plan) : train<P, C, tg::cpu>(q, &plan);
       });
     });
-    if (o.plan) std::printf("memory plan of one step (--checkpoint %s):\n%s", name.c_str(), plan.describe().c_str());
-    report += (report.empty() ? "" : ", ") + name + " " + tg::train::human_bytes(plan.peak_bytes());
-    if (plan.peak_bytes() < smallest) smallest = plan.peak_bytes(), smallest_name = name;
-    if (o.memory_budget.empty() || plan.peak_bytes() <= o.memory_budget_bytes) {
+    std::int64_t peak = plan.peak_bytes();
+    std::string where;
+    if (q.grid) {  // the largest peak over the ranks: every rank then chooses alike
+      tg::dist::Communicator& world = tg::dist::world();
+      std::vector<double> peaks(static_cast<std::size_t>(world.size()), 0.0);
+      peaks[static_cast<std::size_t>(world.rank())] = static_cast<double>(peak);
+      world.all_reduce(std::span<double>(peaks), tg::dist::ReduceOp::sum);
+      const auto most = std::max_element(peaks.begin(), peaks.end());
+      peak = static_cast<std::int64_t>(*most);
+      where = " on rank " + std::to_string(most - peaks.begin()) + " of " + std::to_string(world.size());
+    }
+    if (o.plan) {
+      std::printf("memory plan of one step (--checkpoint %s%s):\n%s", name.c_str(), q.grid ? ", rank 0" : "", plan.describe().c_str());
+      if (q.grid) std::printf("largest planned peak over the ranks: %s%s\n", tg::train::human_bytes(peak).c_str(), where.c_str());
+    }
+    report += (report.empty() ? "" : ", ") + name + " " + tg::train::human_bytes(peak) + where;
+    if (peak < smallest) smallest = peak, smallest_name = name, smallest_where = where;
+    if (o.memory_budget.empty() || peak <= o.memory_budget_bytes) {
       chosen = name;
       break;
     }
@@ -162,7 +181,7 @@ inline void plan_memory(Options& o) {
     if (chosen.empty())
       throw tg::Error("--memory-budget ", o.memory_budget, " (", tg::train::human_bytes(o.memory_budget_bytes),
                       "): no activation checkpointing fits it; the smallest planned peak is ", tg::train::human_bytes(smallest),
-                      " (--checkpoint ", smallest_name, "); raise the budget or lower --batch or --seq");
+                      smallest_where, " (--checkpoint ", smallest_name, "); raise the budget or lower --batch or --seq");
     std::printf("memory budget %s: planned peaks %s: training with --checkpoint %s\n", tg::train::human_bytes(o.memory_budget_bytes).c_str(),
                 report.c_str(), chosen.c_str());
     std::fflush(stdout);
@@ -209,7 +228,7 @@ int main(int argc, char** argv) {
     if (o.eval_only) return o.device == "cuda" ? train_gpt::eval_only<tg::cuda>(o) : train_gpt::eval_only<tg::cpu>(o);
     if (o.precision == "tf32" && o.device != "cuda")
       std::printf("note: --precision tf32 changes only GPU GEMMs; on the CPU this is the fp32 run\n");
-    if (o.plan && o.world > 1) throw tg::Error("--plan runs alone: start one process");
+    if (o.plan && o.world > 1 && !grid) throw tg::Error("--plan runs alone or on a --tp/--pp grid: start one process");
     if (o.plan || !o.memory_budget.empty()) {  // Note [compiled steps in the trainer]
       train_gpt::plan_memory(o);
       if (o.plan) return 0;

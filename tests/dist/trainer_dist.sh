@@ -9,7 +9,7 @@
 #     ranks and on --tp 2 with the same losses; --tp 2 --dist zero1 on 4 ranks too, and its checkpoint resumes
 #     alone; --sequence-parallel on --tp 2 --pp 2 (with dropout) and on --tp 2 --dist zero2 logs the one
 #     process's losses, and the first one's checkpoint resumes alone; --compile on tp 2 x pp 2 logs the eager
-#     grid's losses bit for bit; bad grids stop before any work;
+#     grid's losses bit for bit; bad grids stop before any work; --plan and --memory-budget on the grid;
 #  4. ranks started with different settings stop at start-up naming the difference; ranks started without
 #     --dist are told to pass it; a rank killed mid-run ends the run with a non-zero exit within a minute.
 #   tests/dist/trainer_dist.sh build/release/examples/gpt/train_gpt /tmp/work mpiexec
@@ -118,6 +118,24 @@ run -np 3 "$T" "${C[@]}" --steps 4 --batch 4 --tp 2 > bad3.out 2>&1
 rc=$?
 set -e
 [ $rc -ne 0 ] && grep -q "does not divide the 3 ranks started" bad3.out || { echo "FAIL: --tp 2 on 3 ranks"; cat bad3.out; exit 1; }
+# --plan and --memory-budget on the grid: every rank captures its own step, the largest peak over the ranks
+# decides; --plan writes nothing, a budget that fits trains the eager grid's losses bit for bit, and one that
+# nothing fits stops every rank before step 1.
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --plan --log gplan.jsonl --save-dir gplan_ck > gplan.out
+grep -q "memory plan of one step (--checkpoint none, rank 0):" gplan.out || { cat gplan.out; exit 1; }
+grep -q "activations kept for backward" gplan.out
+grep -q "largest planned peak over the ranks: .* on rank [0-3] of 4" gplan.out || { cat gplan.out; exit 1; }
+[ ! -e gplan.jsonl ] && [ ! -e gplan_ck ] || { echo "FAIL: --plan on the grid wrote a log or a checkpoint"; exit 1; }
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --memory-budget 4G --log gbudget.jsonl > gbudget.out
+grep -q "memory budget 4.00 GiB: planned peaks none .* on rank [0-3] of 4: training with --checkpoint none" gbudget.out || { cat gbudget.out; exit 1; }
+same_losses gbudget.jsonl grid.jsonl 1 0
+set +e
+run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --memory-budget 64K --log gsmall.jsonl > gsmall.out 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "no activation checkpointing fits it; the smallest planned peak is .* on rank [0-3] of 4 (--checkpoint [a-z]*)" gsmall.out ||
+  { echo "FAIL: a grid --memory-budget that nothing fits"; cat gsmall.out; exit 1; }
+[ ! -e gsmall.jsonl ] || { echo "FAIL: the grid trained past a budget that nothing fits"; exit 1; }
 
 # 4. Errors.
 set +e
