@@ -8,6 +8,7 @@
 
 #include "nn/gpt_test_util.hpp"
 
+#include <typegrad/amp/amp.hpp>
 #include <typegrad/io/model_config.hpp>
 #include <typegrad/io/safetensors.hpp>
 #include <typegrad/io/train_state.hpp>
@@ -215,6 +216,38 @@ TEST(PaddedVocabulary, TrainsLikeTheUnpaddedModelAndKeepsItsZeroRows) {
   const auto& w = qp[0].tensor;
   const float* tail = w.data() + 50 * 32;
   for (std::int64_t k = 0; k < 14 * 32; ++k) ASSERT_EQ(tail[k], 0.f) << k;
+}
+
+// The bf16 copy of a padded embedding is stored padded too (zero rows, never written): the LM head reads it
+// in place (no zero-padded copy per forward), and it stays the master rounded, its padding zero, over steps in
+// which AdamW writes the copies.
+TEST(PaddedVocabulary, Bf16CopiesAreStoredPaddedAndReadInPlace) {
+  tg::Generator g(5), drop(6);
+  tg::nn::GPT model(padded_config(64), g);
+  const auto ps = model.named_parameters();
+  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f});
+  tg::amp::MixedPrecision<tg::amp::bf16_mixed> mp(ps, opt);
+  tg::optim::GradAccum<1> accum;
+  tg::optim::Schedule schedule = tg::optim::Constant{3e-3f};
+  const auto& wte = ps[0].tensor;
+  ASSERT_EQ(ps[0].name, "wte.weight");
+  const tg::Tensor<tg::bf16> copy = mp.weights.copy_of(wte);
+  ASSERT_EQ(copy.shape(), (tg::Shape{50, 32}));
+  EXPECT_EQ(tg::nn::stored_rows(copy), 64);
+  {
+    const tg::Tensor<tg::bf16> head = tg::padded_rows(tg::amp::param_as<tg::bf16>(wte), 64, /*storage_tail_is_zero=*/true);
+    EXPECT_EQ(head.data(), copy.data()) << "the LM head made a padded copy";
+  }
+  for (int s = 0; s < 3; ++s) {
+    const auto idx = tg::testing::random_tokens(2, 12, 50, 10 + 2 * s), tgt = tg::testing::random_tokens(2, 12, 50, 11 + 2 * s);
+    accum.scale(mp.loss(mp.forward(model, idx, drop), tgt), mp.scaler).backward();
+    ASSERT_TRUE(accum.micro_step(opt, schedule, 1.0, mp.scaler));
+    mp.after_step(accum, tg::amp::CopyRefresh::unwritten);
+  }
+  EXPECT_EQ(mp.weights.last_converted(), 0) << "AdamW wrote every copy";
+  const auto rounded = wte.to<tg::bf16>();
+  for (std::int64_t i = 0; i < 50 * 32; ++i) ASSERT_EQ(copy.data()[i].bits, rounded.data()[i].bits) << i;
+  for (std::int64_t i = 50 * 32; i < 64 * 32; ++i) ASSERT_EQ(copy.data()[i].bits, 0) << "padding element " << i;
 }
 
 TEST(PaddedVocabulary, CheckpointsHoldTheRealShapes) {

@@ -149,7 +149,7 @@ template <FloatingElement T, Device D>
 struct CopyEntry final : AttachedCopy {
   CopyEntry(std::string n, const Tensor<fp32, D>& m, const CopiesState* s)
       : AttachedCopy(dtype_traits<T>::dtype, device_traits<D>::kind, s), name(std::move(n)), master(m),
-        copy(Tensor<T, D>::empty(m.shape())), state(s) {
+        copy(copy_like(m)), state(s) {
     data = copy.data();
     master_data = master.data();
     numel = master.numel();
@@ -158,6 +158,18 @@ struct CopyEntry final : AttachedCopy {
   Tensor<fp32, D> master;  // keeps the master's storage (and so this slot) alive
   Tensor<T, D> copy;
   const CopiesState* state;
+
+  /// An uninitialized T tensor shaped as `m`. A matrix stored with rows past its own (a padded parameter,
+  /// Note [padded vocabulary]) gets a copy stored the same way, its extra rows zero and never written, so
+  /// padded_rows(copy, stored rows, true) reads it in place instead of building a zero-padded copy per forward.
+  static Tensor<T, D> copy_like(const Tensor<fp32, D>& m) {
+    if (m.dim() == 2 && m.size(1) > 0 && m.storage()) {
+      const auto elems = static_cast<std::int64_t>(m.storage()->bytes() / sizeof(fp32)) - m.storage_offset();
+      const std::int64_t stored = elems / m.size(1);
+      if (stored > m.size(0)) return Tensor<T, D>::zeros({stored, m.size(1)}).narrow(0, 0, m.size(0)).detach();
+    }
+    return Tensor<T, D>::empty(m.shape());
+  }
 };
 
 /// The T copy on D attached to `master` and made from it (same data, same shape), or null. O(1).
