@@ -15,10 +15,11 @@ namespace tg {
 // 128), the rows past V zero: the parameter itself is the (V, C) view of the first rows (nn::padded_parameter),
 // so the optimizer, clipping, checkpoints (GPT-2's real shapes, PyTorch unchanged) and every other reader see
 // V rows, and nothing ever writes the zero rows. The LM head reads padded_rows(W, P): that view widened to the
-// (P, C) rows its storage holds (no copy) when the caller knows the rows past V are zero, else a zero-padded
-// copy (a 16-bit weight copy, which holds V rows); its logits (B, T, P) are narrowed to (B, T, V) before the
-// loss, so the loss, sampling and evaluation see only the real vocabulary. Backward narrows the (P, C) gradient
-// to (V, C): the padded model's loss and gradients are the unpadded model's (zero rows add zero terms).
+// (P, C) rows its storage holds (no copy) when the caller knows the rows past V are zero (the master, and its
+// 16-bit weight copy, which amp::WeightCopies stores padded the same way), else a zero-padded copy; its
+// logits (B, T, P) are narrowed to (B, T, V) before the loss, so the loss, sampling and evaluation see only
+// the real vocabulary. Backward narrows the (P, C) gradient to (V, C): the padded model's loss and gradients
+// are the unpadded model's (zero rows add zero terms).
 
 /// w (R, C) as (rows, C), the rows past R zero. `storage_tail_is_zero`: the caller knows w's storage holds
 /// rows x C elements from w's first, zero past R (a padded parameter): the result is then a view of it.
