@@ -20,6 +20,7 @@
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cpu/amp_kernels.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/ops/padded_rows.hpp"
 #include "typegrad/ops/views.hpp"
 #include "typegrad/optim/optimizer.hpp"
 #include "typegrad/optim/param.hpp"
@@ -163,11 +164,8 @@ struct CopyEntry final : AttachedCopy {
   /// Note [padded vocabulary]) gets a copy stored the same way, its extra rows zero and never written, so
   /// padded_rows(copy, stored rows, true) reads it in place instead of building a zero-padded copy per forward.
   static Tensor<T, D> copy_like(const Tensor<fp32, D>& m) {
-    if (m.dim() == 2 && m.size(1) > 0 && m.storage()) {
-      const auto elems = static_cast<std::int64_t>(m.storage()->bytes() / sizeof(fp32)) - m.storage_offset();
-      const std::int64_t stored = elems / m.size(1);
-      if (stored > m.size(0)) return Tensor<T, D>::zeros({stored, m.size(1)}).narrow(0, 0, m.size(0)).detach();
-    }
+    if (const std::int64_t stored = stored_rows(m); m.dim() == 2 && stored > m.size(0))
+      return Tensor<T, D>::zeros({stored, m.size(1)}).narrow(0, 0, m.size(0)).detach();
     return Tensor<T, D>::empty(m.shape());
   }
 };

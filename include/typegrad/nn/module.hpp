@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "typegrad/core/tensor.hpp"
+#include "typegrad/ops/padded_rows.hpp"
 #include "typegrad/ops/views.hpp"
 #include "typegrad/optim/param.hpp"
 
@@ -56,13 +57,7 @@ Tensor<fp32, D> padded_parameter(const Tensor<fp32, S>& src, std::int64_t stored
   t.requires_grad_();
   return t;
 }
-/// The rows a matrix's storage holds from its first element (more than its rows when stored padded).
-template <Element T, Device D>
-std::int64_t stored_rows(const Tensor<T, D>& t) {
-  if (!t.defined() || t.dim() != 2 || !t.storage() || t.size(1) == 0) return t.defined() && t.dim() > 0 ? t.size(0) : 0;
-  const auto elems = static_cast<std::int64_t>(t.storage()->bytes() / sizeof(T)) - t.storage_offset();
-  return std::max(t.size(0), elems / t.size(1));
-}
+using tg::stored_rows;  // ops/padded_rows.hpp
 
 /// A leaf fp32 parameter drawn from N(0, std) with the given generator.
 template <Device D = cpu>

@@ -3,6 +3,9 @@
 //   auto logits = tg::linear(h, tg::padded_rows(wte, 50304)).narrow(2, 0, 50257);
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/core/tensor.hpp"
 
@@ -21,6 +24,14 @@ namespace tg {
 // the real vocabulary. Backward narrows the (P, C) gradient to (V, C): the padded model's loss and gradients
 // are the unpadded model's (zero rows add zero terms).
 
+/// The rows a matrix's storage holds from its first element (more than its rows when stored padded).
+template <Element T, Device D>
+std::int64_t stored_rows(const Tensor<T, D>& t) {
+  if (!t.defined() || t.dim() != 2 || !t.storage() || t.size(1) == 0) return t.defined() && t.dim() > 0 ? t.size(0) : 0;
+  const auto elems = static_cast<std::int64_t>(t.storage()->bytes() / sizeof(T)) - t.storage_offset();
+  return std::max(t.size(0), elems / t.size(1));
+}
+
 /// w (R, C) as (rows, C), the rows past R zero. `storage_tail_is_zero`: the caller knows w's storage holds
 /// rows x C elements from w's first, zero past R (a padded parameter): the result is then a view of it.
 template <FloatingElement T, Device D>
@@ -28,8 +39,7 @@ Tensor<T, D> padded_rows(const Tensor<T, D>& w, std::int64_t rows, bool storage_
   TG_CHECK(w.dim() == 2, "padded_rows: w must be a matrix, got ", w.shape());
   const std::int64_t R = w.size(0), C = w.size(1);
   TG_CHECK(rows >= R, "padded_rows: ", rows, " rows cannot hold the matrix's ", R);
-  const bool in_place = storage_tail_is_zero && w.is_contiguous() && w.storage() &&
-                        static_cast<std::int64_t>(w.storage()->bytes() / sizeof(T)) - w.storage_offset() >= rows * C;
+  const bool in_place = storage_tail_is_zero && w.is_contiguous() && stored_rows(w) >= rows;
   Tensor<T, D> out;
   if (in_place) {
     out = w.as_strided_raw({rows, C}, {C, 1}, w.storage_offset());
