@@ -4,6 +4,7 @@
 // kernels call and the CPU tests cover; only indexing is new here. Kernels first, launchers after.
 #include "common.cuh"
 #include "typegrad/core/random.hpp"
+#include "vector_map.cuh"
 #include "typegrad/detail/cuda/kernels.hpp"
 
 namespace tg::backend::cuda {
@@ -81,6 +82,43 @@ __global__ void masked_fill_kernel(const T* x, const std::uint8_t* mask, T value
 
 bool contiguous(const Shape& sizes, const Shape& strides) { return strides == contiguous_strides(sizes); }
 
+// The element functions of the kernels above, for detail::vector_map on contiguous operands (Note [vector
+// elementwise maps]): the same expressions, so the same bits.
+template <class T>
+struct CastTo {
+  template <class S>
+  __device__ T operator()(S x) const {
+    return scalar_cast<T>(x);
+  }
+};
+template <class T>
+struct BinaryFn {
+  math::Binary op;
+  __device__ T operator()(T a, T b) const {
+    using A = acc_t<T>;
+    return scalar_cast<T>(math::apply<A>(op, scalar_cast<A>(a), scalar_cast<A>(b)));
+  }
+};
+template <class T>
+struct UnaryFn {
+  math::Unary op;
+  __device__ T operator()(T x) const {
+    using A = acc_t<T>;
+    return scalar_cast<T>(math::apply<A>(op, scalar_cast<A>(x)));
+  }
+};
+template <class T>
+struct UnaryGradFn {
+  math::Unary op;
+  bool out_saved;
+  __device__ T operator()(T saved, T dy) const {
+    using A = acc_t<T>;
+    const A s = scalar_cast<A>(saved);
+    const A d = out_saved ? math::grad<A>(op, A(0), s) : math::grad<A>(op, s, A(0));
+    return scalar_cast<T>(scalar_cast<A>(dy) * d);
+  }
+};
+
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------------------
@@ -91,6 +129,9 @@ void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& d
   if (contiguous(sizes, src_strides) && contiguous(sizes, dst_strides)) {
     if constexpr (std::is_same_v<S, T>) {  // the copy engine's path, at memory bandwidth
       TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, detail::stream()));
+      return;
+    } else if (detail::vector_map_fits(dst, src)) {
+      detail::vector_map(CastTo<T>{}, dst, n, src);
       return;
     } else {
       copy_contiguous_kernel<S, T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(src, dst, n);
@@ -105,6 +146,8 @@ template <class T>
 void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shape& sb, T* out, const Shape& out_shape) {
   const std::int64_t n = out_shape.numel();
   if (n == 0) return;
+  const Shape dense = contiguous_strides(out_shape);
+  if (sa == dense && sb == dense && detail::vector_map_fits(out, a, b)) return detail::vector_map(BinaryFn<T>{op}, out, n, a, b);
   binary_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
   TG_CUDA_LAUNCHED();
 }
@@ -113,6 +156,7 @@ template <class T>
 void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
+  if (contiguous(shape, sx) && detail::vector_map_fits(y, x)) return detail::vector_map(UnaryFn<T>{op}, y, n, x);
   unary_forward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, x, y, n, detail::make_geo(shape, sx));
   TG_CUDA_LAUNCHED();
 }
@@ -122,6 +166,8 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
                     const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
+  if (contiguous(shape, ss) && contiguous(shape, sdy) && detail::vector_map_fits(dx, saved, dy))
+    return detail::vector_map(UnaryGradFn<T>{op, math::uses_output(op)}, dx, n, saved, dy);
   unary_backward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, saved, dy, dx, n, detail::make_geo(shape, ss, sdy));
   TG_CUDA_LAUNCHED();
 }

@@ -3,6 +3,7 @@
 // 16-bit storage) with the CPU kernels' formulas (backends/cpu/nn.cpp); block reductions in a fixed order.
 // Column sums (dweight, dbias, embedding rows) are two-pass or per-row loops without atomics, so every
 // result is deterministic. Kernels first, launchers after.
+#include <atomic>
 #include <vector>
 
 #include "common.cuh"
@@ -16,6 +17,20 @@ using detail::kThreads;
 namespace {
 
 constexpr unsigned kMaxRowBlocks = 65535u * 8u;
+
+/// The current device's streaming multiprocessors (queried once per device).
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev].load(std::memory_order_relaxed) == 0) {
+    int n = 0;
+    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return cached[dev].load(std::memory_order_relaxed);
+}
 unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<std::int64_t>(rows, kMaxRowBlocks)); }
 
 template <class A, class T>
@@ -130,6 +145,84 @@ __global__ void norm_backward_dx_kernel(const T* x, const T* w, const acc_t<T>* 
   }
 }
 
+// Note [one-pass norm backward]
+// The two-kernel backward (dx per row, then dw / db per column chunk) reads x and dy from memory twice. When
+// every row is a whole number of 16-byte packs (n a multiple of 16 / sizeof(T), the pointers 16-byte aligned)
+// and a block's four warps can keep per-column sums in shared memory, one kernel does both: a warp per row,
+// 16-byte loads, the row's two reductions with warp shuffles, dx written from a second read of the row (which
+// the warp has just loaded: cached), and each warp adding dy∘x̂ and dy to its own shared slice of the columns
+// (a lane owns the same columns in every row, so no two lanes touch one slot). At the end the block adds its
+// warps' slices in warp order into pw[block, :], pb[block, :], which the final kernel sums in block order:
+// deterministic for a given grid (the grid is a fixed multiple of the GPU's SM count, so one GPU model always
+// sums the same way). Other shapes take the two-kernel path.
+template <class T>
+struct alignas(16) Pack16 {
+  T v[16 / sizeof(T)];
+};
+constexpr int kNormWarps = 4;
+template <class T>
+__global__ void norm_backward_fused_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                           const T* dy, T* dx, acc_t<T>* pw, acc_t<T>* pb, std::int64_t rows,
+                                           std::int64_t n) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  extern __shared__ __align__(16) unsigned char norm_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const std::int64_t packs = n / V;
+  // this warp's sums, column j = p·V + k at k·packs + p (consecutive lanes, consecutive banks)
+  A* sw = reinterpret_cast<A*>(norm_smem) + static_cast<std::int64_t>(warp) * 2 * n;
+  A* sb = sw + n;
+  for (std::int64_t j = lane; j < n; j += 32) sw[j] = sb[j] = A(0);
+  __syncwarp();
+  const auto* wp = reinterpret_cast<const Pack16<T>*>(w);
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows;
+       r += static_cast<std::int64_t>(gridDim.x) * warps) {
+    const auto* xp = reinterpret_cast<const Pack16<T>*>(x + r * n);
+    const auto* gp = reinterpret_cast<const Pack16<T>*>(dy + r * n);
+    const A mu = mean ? mean[r] : A(0), rs = rstd[r];
+    A mg = 0, mgx = 0;
+    for (std::int64_t p = lane; p < packs; p += 32) {
+      const Pack16<T> xv = xp[p], gv = gp[p], wv = wp[p];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A xh = (scalar_cast<A>(xv.v[k]) - mu) * rs, d = scalar_cast<A>(gv.v[k]);
+        const A g = d * scalar_cast<A>(wv.v[k]);
+        mg += g;
+        mgx += g * xh;
+        sw[k * packs + p] += d * xh;
+        sb[k * packs + p] += d;
+      }
+    }
+    mg = mean ? detail::warp_sum(mg) / static_cast<A>(n) : A(0);
+    mgx = detail::warp_sum(mgx) / static_cast<A>(n);
+    if (!dx) continue;
+    auto* dp = reinterpret_cast<Pack16<T>*>(dx + r * n);
+    for (std::int64_t p = lane; p < packs; p += 32) {
+      const Pack16<T> xv = xp[p], gv = gp[p], wv = wp[p];
+      Pack16<T> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A xh = (scalar_cast<A>(xv.v[k]) - mu) * rs;
+        const A g = scalar_cast<A>(gv.v[k]) * scalar_cast<A>(wv.v[k]);
+        o.v[k] = scalar_cast<T>(rs * (g - mg - xh * mgx));
+      }
+      dp[p] = o;
+    }
+  }
+  __syncthreads();
+  const A* all = reinterpret_cast<const A*>(norm_smem);
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const std::int64_t slot = (j % V) * packs + j / V;
+    A aw = 0, ab = 0;
+    for (int q = 0; q < warps; ++q) {
+      aw += all[static_cast<std::int64_t>(q) * 2 * n + slot];
+      ab += all[static_cast<std::int64_t>(q) * 2 * n + n + slot];
+    }
+    pw[static_cast<std::int64_t>(blockIdx.x) * n + j] = aw;
+    pb[static_cast<std::int64_t>(blockIdx.x) * n + j] = ab;
+  }
+}
+
 /// Stage 1 of dw / db: per chunk c of rows, pw[c, j] = Σ dy∘x̂, pb[c, j] = Σ dy.
 template <class T>
 __global__ void norm_backward_dwdb_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy,
@@ -210,6 +303,109 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t
   }
 }
 
+// Note [cross-entropy in one pass over 16-byte packs]
+// The GPT-2 LM head's logits are the largest tensor of a step (B·T rows of 50257, 1.6 GB in bf16 at B=16,
+// T=1024), and the loss reads them in both directions. When the rows are a multiple of 16 bytes apart and
+// aligned (the padded vocabulary's 50304 columns are), the forward reads each row once, in 16-byte packs, with
+// the running (max, Σ exp) pair of an online softmax (a new maximum rescales the sum), and the backward reads
+// packs and writes packs of the gradient, zero past V. The pairs are merged over the block in a fixed order,
+// so the result is deterministic; it differs from the two-pass kernel by rounding only. Other row layouts take
+// the scalar kernels above.
+
+/// (m, s) := the (max, Σ exp(x − max)) pair of the union of the sets behind (m, s) and (om, os). NaN wins.
+template <class A>
+__device__ __forceinline__ void lse_merge(A& m, A& s, A om, A os) {
+  if (om != om) {
+    m = om;
+    s = os;
+  } else if (om == -INFINITY) {
+    // adds nothing: its exponentials are zero against any maximum
+  } else if (om > m) {  // m = −inf: s is 0 and exp(−inf) = 0
+    s = s * exp(m - om) + os;
+    m = om;
+  } else {
+    s += os * exp(om - m);  // m NaN: stays NaN
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_forward_packed_kernel(const T* logits, const std::int64_t* targets, acc_t<T>* lse,
+                                                    acc_t<T>* loss, std::int64_t rows, std::int64_t V, std::int64_t ld,
+                                                    std::int64_t ignore_index) {
+  using A = acc_t<T>;
+  constexpr int N = 16 / sizeof(T);
+  __shared__ A shm_m[32], shm_s[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const std::int64_t packs = V / N;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = logits + r * ld;
+    const auto* xp = reinterpret_cast<const Pack16<T>*>(xr);
+    A m = -INFINITY, s = 0;
+    for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const Pack16<T> v = xp[p];
+#pragma unroll
+      for (int k = 0; k < N; ++k) lse_merge(m, s, scalar_cast<A>(v.v[k]), A(1));
+    }
+    for (std::int64_t j = packs * N + threadIdx.x; j < V; j += blockDim.x) lse_merge(m, s, scalar_cast<A>(xr[j]), A(1));
+    for (int o = 16; o > 0; o >>= 1) {
+      const A om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
+      lse_merge(m, s, om, os);
+    }
+    __syncthreads();  // the shared pairs may still be read for the previous row
+    if (lane == 0) {
+      shm_m[warp] = m;
+      shm_s[warp] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      A bm = shm_m[0], bs = shm_s[0];
+      for (int q = 1; q < nw; ++q) lse_merge(bm, bs, shm_m[q], shm_s[q]);
+      const A l = bm + ::log(bs);
+      lse[r] = l;
+      const std::int64_t t = targets[r];
+      loss[r] = t == ignore_index ? A(0) : l - scalar_cast<A>(xr[t]);
+    }
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_backward_packed_kernel(const T* logits, const std::int64_t* targets, const acc_t<T>* lse,
+                                                     const acc_t<T>* dloss, std::int64_t count, T* dlogits,
+                                                     std::int64_t rows, std::int64_t V, std::int64_t ld,
+                                                     std::int64_t ld_out, std::int64_t ignore_index) {
+  using A = acc_t<T>;
+  constexpr int N = 16 / sizeof(T);
+  const A scale = static_cast<A>(count ? static_cast<double>(dloss[0]) / static_cast<double>(count) : 0.0);
+  const std::int64_t full = V / N, out_packs = ld_out / N;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = logits + r * ld;
+    const auto* xp = reinterpret_cast<const Pack16<T>*>(xr);
+    auto* dp = reinterpret_cast<Pack16<T>*>(dlogits + r * ld_out);
+    const std::int64_t t = targets[r];
+    const A l = lse[r];
+    const bool counted = t != ignore_index;
+    for (std::int64_t p = threadIdx.x; p < out_packs; p += blockDim.x) {
+      const std::int64_t j0 = p * N;
+      Pack16<T> o;
+      if (counted && p < full) {
+        const Pack16<T> v = xp[p];
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+          o.v[k] = scalar_cast<T>(scale * (exp(scalar_cast<A>(v.v[k]) - l) - (j0 + k == t ? A(1) : A(0))));
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) {  // the row's last partial pack (read element by element) and the padding
+          const std::int64_t j = j0 + k;
+          A d = 0;
+          if (counted && j < V) d = scale * (exp(scalar_cast<A>(xr[j]) - l) - (j == t ? A(1) : A(0)));
+          o.v[k] = scalar_cast<T>(d);
+        }
+      }
+      dp[p] = o;
+    }
+  }
+}
+
 /// loss[0] = (Σ_r row_loss[r] over counted rows, fp64, a fixed order: each thread sums a strided share, then
 /// the block sums the shares) / count: one block, so the mean is written without a read-back.
 template <class T>
@@ -245,6 +441,13 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const std::int64_
 }
 
 }  // namespace
+
+/// Rows of `ld` elements from `p` that are whole 16-byte packs, aligned: the packed kernels' layout.
+template <class T>
+bool packed_rows(const T* p, std::int64_t ld) {
+  constexpr std::int64_t N = 16 / sizeof(T);
+  return ld % N == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
 
 // ---- launchers ------------------------------------------------------------------------------------------
 template <class T>
@@ -283,6 +486,23 @@ void layernorm_backward(const T* x, const T* w, const accum_t<T>* mean, const ac
                         T* dw, T* db, std::int64_t rows, std::int64_t n) {
   using A = acc_t<T>;
   if (n == 0) return;
+  // Note [one-pass norm backward]
+  constexpr int V = 16 / sizeof(T);
+  const std::size_t smem = static_cast<std::size_t>(kNormWarps) * 2 * static_cast<std::size_t>(n) * sizeof(A);
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if ((dw || db) && rows > 0 && n % V == 0 && smem <= 48 * 1024 && aligned(x) && aligned(w) && aligned(dy) &&
+      aligned(dx)) {
+    const std::int64_t blocks = std::clamp<std::int64_t>((rows + kNormWarps - 1) / kNormWarps, 1, 4 * sm_count());
+    detail::Workspace ws(2 * static_cast<std::size_t>(blocks * n) * sizeof(A));
+    A* pw = ws.as<A>();
+    A* pb = pw + blocks * n;
+    norm_backward_fused_kernel<T><<<static_cast<unsigned>(blocks), 32 * kNormWarps, smem, detail::stream()>>>(
+        x, w, mean, rstd, dy, dx, pw, pb, rows, n);
+    TG_CUDA_LAUNCHED();
+    norm_backward_dwdb_final_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(pw, pb, dw, db, n, blocks);
+    TG_CUDA_LAUNCHED();
+    return;
+  }
   if (dx && rows > 0) {
     norm_backward_dx_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, mean, rstd, dy, dx, rows, n);
     TG_CUDA_LAUNCHED();
@@ -344,8 +564,13 @@ void cross_entropy_forward(const T* logits, const std::int64_t* targets, accum_t
   }
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t)), wl(static_cast<std::size_t>(rows) * sizeof(A));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
-  cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(logits, dt, lse, wl.as<A>(), rows, V,
-                                                                                ld, ignore_index);
+  if (packed_rows<T>(logits, ld)) {  // Note [cross-entropy in one pass over 16-byte packs]
+    cross_entropy_forward_packed_kernel<T><<<row_blocks(rows), detail::row_threads(V / (16 / sizeof(T)) + 1), 0,
+                                             detail::stream()>>>(logits, dt, lse, wl.as<A>(), rows, V, ld, ignore_index);
+  } else {
+    cross_entropy_forward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
+        logits, dt, lse, wl.as<A>(), rows, V, ld, ignore_index);
+  }
   TG_CUDA_LAUNCHED();
   // Note [the loss stays on the device]: the mean is reduced on the GPU; nothing is read back here
   cross_entropy_mean_kernel<T><<<1, 1024, 0, detail::stream()>>>(wl.as<A>(), dt, loss, rows, ignore_index, count);
@@ -359,8 +584,14 @@ void cross_entropy_backward(const T* logits, const std::int64_t* targets, const 
   if (rows * ld_out == 0) return;
   detail::Workspace wt(static_cast<std::size_t>(rows) * sizeof(std::int64_t));
   const std::int64_t* dt = detail::upload(wt, targets, rows);
-  cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
-      logits, dt, lse, dloss, count, dlogits, rows, V, ld, ld_out, ignore_index);
+  if (packed_rows<T>(logits, ld) && packed_rows<T>(dlogits, ld_out)) {  // Note [cross-entropy in one pass ...]
+    cross_entropy_backward_packed_kernel<T><<<row_blocks(rows), detail::row_threads(ld_out / (16 / sizeof(T))), 0,
+                                              detail::stream()>>>(logits, dt, lse, dloss, count, dlogits, rows, V, ld,
+                                                                  ld_out, ignore_index);
+  } else {
+    cross_entropy_backward_kernel<T><<<row_blocks(rows), detail::row_threads(V), 0, detail::stream()>>>(
+        logits, dt, lse, dloss, count, dlogits, rows, V, ld, ld_out, ignore_index);
+  }
   TG_CUDA_LAUNCHED();
 }
 

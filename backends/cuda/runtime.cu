@@ -3,7 +3,14 @@
 
 #include <cuda_profiler_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
 #include "check.cuh"
+#include "vector_map.cuh"
 #include "typegrad/detail/cuda/runtime.hpp"
 
 namespace tg::backend::cuda {
@@ -80,7 +87,73 @@ float Event::elapsed_ms_since(const Event& earlier) const {
 }
 
 // ---- copies: on the current stream; each returns when its data is where the caller expects it ------------
+// Note [asynchronous uploads]
+// The host buffer of an upload may be freed as soon as copy_host_to_device returns. Waiting for the copy to
+// land (a stream synchronization) guarantees that, but it also drains everything queued before it: a training
+// step uploads its token ids, targets and embedding-gradient orders several times per micro-batch, and each
+// wait left the GPU idle until the host had launched the next kernels. So an upload of at most kStagedMax bytes
+// is copied into a pinned staging block on the host and sent from there with cudaMemcpyAsync, ordered on the
+// current stream like a kernel (every later kernel on that stream sees the data; another stream must wait on an
+// event, as for any kernel's output). A block is reused once the event recorded after its copy has completed;
+// the blocks live as long as the process (kStagingCap in all; past it, and for larger uploads such as weights,
+// the upload waits as before).
+namespace {
+constexpr std::size_t kStagedMax = std::size_t{4} << 20;
+constexpr std::size_t kStagingCap = std::size_t{64} << 20;
+struct StagingBlock {
+  void* host = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t done = nullptr;
+  bool in_flight = false;
+};
+std::mutex g_staging_mutex;
+std::vector<StagingBlock> g_staging;  // never freed: pinned memory must not be released after CUDA shuts down
+std::size_t g_staging_bytes = 0;
+
+/// Whether the block's last copy has completed (clears the not-ready status cudaEventQuery leaves behind).
+bool staging_free(StagingBlock& b) {
+  if (!b.in_flight) return true;
+  const cudaError_t st = cudaEventQuery(b.done);
+  if (st == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  TG_CUDA_CHECK(st);
+  b.in_flight = false;
+  return true;
+}
+
+/// A free pinned block of at least `bytes` (the smallest such), a new one, or null past kStagingCap.
+StagingBlock* staging_block(std::size_t bytes) {
+  StagingBlock* best = nullptr;
+  for (StagingBlock& b : g_staging)
+    if (b.bytes >= bytes && (!best || b.bytes < best->bytes) && staging_free(b)) best = &b;
+  if (best) return best;
+  std::size_t size = 4096;
+  while (size < bytes) size *= 2;
+  if (g_staging_bytes + size > kStagingCap) return nullptr;
+  StagingBlock b;
+  b.bytes = size;
+  TG_CUDA_CHECK(cudaMallocHost(&b.host, size));
+  TG_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+  g_staging_bytes += size;
+  g_staging.push_back(b);
+  return &g_staging.back();
+}
+}  // namespace
+
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes <= kStagedMax) {  // Note [asynchronous uploads]
+    const std::lock_guard<std::mutex> lock(g_staging_mutex);
+    if (StagingBlock* b = staging_block(bytes)) {
+      std::memcpy(b->host, src, bytes);
+      TG_CUDA_CHECK(cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, t_current_stream));
+      TG_CUDA_CHECK(cudaEventRecord(b->done, t_current_stream));
+      b->in_flight = true;
+      return;
+    }
+  }
   // The host buffer may be freed as soon as this returns, so the copy is complete before it does.
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, t_current_stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
@@ -108,6 +181,12 @@ __global__ void fill_kernel(T* dst, std::int64_t n, T value) {
 template <class T>
 void fill(T* dst, std::int64_t n, T value) {
   if (n == 0) return;
+  // all-zero bits (0, +0.0, false): the memset engine's path, at memory bandwidth
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&value);
+  if (std::all_of(bytes, bytes + sizeof(T), [](unsigned char b) { return b == 0; })) {
+    TG_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), t_current_stream));
+    return;
+  }
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
   fill_kernel<T><<<blocks, threads, 0, t_current_stream>>>(dst, n, value);
@@ -115,17 +194,26 @@ void fill(T* dst, std::int64_t n, T value) {
 }
 
 namespace {
+/// dst[i] + src[i] in the accumulation type (fp64 for fp64: a float sum would round fp64 gradients).
+template <class T>
+struct AddFn {
+  __device__ T operator()(T a, T b) const {
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    return scalar_cast<T>(scalar_cast<A>(a) + scalar_cast<A>(b));
+  }
+};
 template <class T>
 __global__ void add_inplace_kernel(T* dst, const T* src, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = scalar_cast<T>(scalar_cast<float>(dst[i]) + scalar_cast<float>(src[i]));
+    dst[i] = AddFn<T>{}(dst[i], src[i]);
 }
 }  // namespace
 
 template <class T>
 void add_inplace(T* dst, const T* src, std::int64_t n) {
   if (n == 0) return;
+  if (detail::vector_map_fits(dst, dst, src)) return detail::vector_map(AddFn<T>{}, dst, n, static_cast<const T*>(dst), src);
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
   add_inplace_kernel<T><<<blocks, threads, 0, t_current_stream>>>(dst, src, n);

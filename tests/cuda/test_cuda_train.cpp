@@ -45,12 +45,12 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return den == 0 ? num : num / den;
 }
 std::pair<tg::Tensor<std::int64_t>, tg::Tensor<std::int64_t>> batch(std::uint64_t seed, std::int64_t B = 2,
-                                                                    std::int64_t T = 16) {
+                                                                    std::int64_t T = 16, std::uint64_t V = 64) {
   tg::Generator gen(seed);
   auto x = tg::Tensor<std::int64_t>::empty({B, T}), y = tg::Tensor<std::int64_t>::empty({B, T});
   for (std::int64_t i = 0; i < B * T; ++i) {
-    x.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 64);
-    y.data()[i] = static_cast<std::int64_t>(gen.next_u64() % 64);
+    x.data()[i] = static_cast<std::int64_t>(gen.next_u64() % V);
+    y.data()[i] = static_cast<std::int64_t>(gen.next_u64() % V);
   }
   return {x, y};
 }
@@ -59,10 +59,10 @@ std::pair<tg::Tensor<std::int64_t>, tg::Tensor<std::int64_t>> batch(std::uint64_
 // activation can differ, and gradients pass through several; 3e-2 of each tensor's largest entry for the
 // logits, 1e-1 for gradients (a wrong or missing term gives errors of order 1).
 template <class T>
-void compare_gpt(double tol, double grad_tol) {
+void compare_gpt(double tol, double grad_tol, const tg::nn::GPTConfig& config = kTiny) {
   TG_SKIP_WITHOUT_GPU();
   tg::Generator gen(42);
-  const tg::nn::GPT cpu_model(kTiny, gen);
+  const tg::nn::GPT cpu_model(config, gen);
   const tg::nn::BasicGPT<tg::cuda> gpu_model(cpu_model);
   const auto cpu_params = cpu_model.named_parameters();
   const auto gpu_params = gpu_model.named_parameters();
@@ -71,7 +71,7 @@ void compare_gpt(double tol, double grad_tol) {
     ASSERT_EQ(gpu_params[i].name, cpu_params[i].name);
     EXPECT_EQ(values(gpu_params[i].tensor), host_values(cpu_params[i].tensor)) << "copy of " << cpu_params[i].name;
   }
-  const auto [x, y] = batch(7);
+  const auto [x, y] = batch(7, 2, 16, static_cast<std::uint64_t>(config.vocab_size));
   const tg::Tensor<T> cpu_logits = cpu_model.forward<T>(x);
   const tg::Tensor<T, tg::cuda> gpu_logits = gpu_model.forward<T>(x);
   EXPECT_LT(rel_err(values(gpu_logits), values(cpu_logits)), tol) << "logits in " << tg::dtype_traits<T>::name;
@@ -89,6 +89,15 @@ void compare_gpt(double tol, double grad_tol) {
 
 TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInFp32) { compare_gpt<tg::fp32>(1e-4, 1e-3); }
 TEST(GptCuda, LogitsLossAndGradsMatchTheCpuInBf16) { compare_gpt<tg::bf16>(3e-2, 1e-1); }
+// A vocabulary of 60 stored as 64 rows (Note [padded vocabulary]): the LM head's GEMMs on the padded rows and
+// the cross-entropy's gradient written into the padded logits' rows (Note [cross-entropy on padded logits]).
+tg::nn::GPTConfig padded_tiny() {
+  tg::nn::GPTConfig c{60, 16, 2, 2, 32, 0.f};
+  c.vocab_multiple = 16;
+  return c;
+}
+TEST(GptCuda, PaddedVocabularyMatchesTheCpuInFp32) { compare_gpt<tg::fp32>(1e-4, 1e-3, padded_tiny()); }
+TEST(GptCuda, PaddedVocabularyMatchesTheCpuInBf16) { compare_gpt<tg::bf16>(3e-2, 1e-1, padded_tiny()); }
 
 TEST(GptCuda, CheckpointedBlocksGiveTheSameGradients) {
   TG_SKIP_WITHOUT_GPU();

@@ -226,7 +226,10 @@ OpEntry layernorm_entry() {
   e.sample("rows", {{{4, 7}}, {{7}, 0.5, 1.5}, {{7}}}, {}, {1e-5})
       .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{5}, 0.5, 1.5, L::strided}, {{5}}}, {}, {1e-5})
       .sample("transposed", {{{6, 5}, L::transposed}, {{5}, 0.5, 1.5}, {{5}}}, {}, {1e-3})
-      .sample("one_row_offset", {{{1, 9}, 3.0, 5.0}, {{9}, 0.5, 1.5}, {{9}}}, {}, {1e-5});  // mean far from 0
+      .sample("one_row_offset", {{{1, 9}, 3.0, 5.0}, {{9}, 0.5, 1.5}, {{9}}}, {}, {1e-5})  // mean far from 0
+      // rows of whole 16-byte packs: the GPU's one-pass backward (Note [one-pass norm backward]), rows over
+      // several warps and blocks
+      .sample("aligned_rows", {{{2, 19, 64}}, {{64}, 0.5, 1.5}, {{64}}}, {}, {1e-5});
   e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, false, s.args[0]); });
   e.error("weight", [] { tg::layernorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({7}), Tensor<float>::zeros({8})); },
           "layernorm: weight must be [8] (the last dim of x [4,8]), got [7]");
@@ -239,7 +242,8 @@ OpEntry rmsnorm_entry() {
   OpEntry e = make_entry("rmsnorm", [](const auto& x, const I&, const Sample& s) { return tg::rmsnorm(x[0], x[1], s.args[0]); });
   e.sample("rows", {{{4, 7}}, {{7}, 0.5, 1.5}}, {}, {1e-6})
       .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{5}, 0.5, 1.5}}, {}, {1e-6})
-      .sample("size_one", {{{3, 1}, 0.5, 2.0}, {{1}, 0.5, 1.5}}, {}, {1e-3});
+      .sample("size_one", {{{3, 1}, 0.5, 2.0}, {{1}, 0.5, 1.5}}, {}, {1e-3})
+      .sample("aligned_rows", {{{21, 32}}, {{32}, 0.5, 1.5}}, {}, {1e-6});  // the GPU's one-pass backward
   e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, true, s.args[0]); });
   e.error("weight", [] { tg::rmsnorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8, 1})); },
           "rmsnorm: weight must be [8] (the last dim of x [4,8]), got [8,1]");
@@ -281,7 +285,12 @@ OpEntry cross_entropy_entry() {
       .sample("ignored", {{{9, 4}}}, {IndexSpec{{9}, -1, 4}}, {-1})  // about a fifth of the rows ignored
       .sample("transposed", {{{6, 5}, L::transposed}}, {IndexSpec{{6}, 0, 5}}, {-100})
       .sample("large_logits", {{{4, 6}, -30.0, 30.0}}, {IndexSpec{{4}, 0, 6}}, {-100})
-      .sample("one_class", {{{3, 1}}}, {IndexSpec{{3}, 0, 1}}, {-100});
+      .sample("one_class", {{{3, 1}}}, {IndexSpec{{3}, 0, 1}}, {-100})
+      // rows of whole 16-byte packs (Note [cross-entropy in one pass over 16-byte packs]), some ignored; and rows
+      // longer than the GPU block, of whole packs in every type or in fp32 / fp64 only
+      .sample("packed_rows", {{{6, 40}}}, {IndexSpec{{6}, -1, 40}}, {-1})
+      .sample("wide_rows", {{{2, 2, 1032}}}, {IndexSpec{{2, 2}, 0, 1032}}, {-100})
+      .sample("wide_rows_tail", {{{3, 1100}, -8.0, 8.0}}, {IndexSpec{{3}, 0, 1100}}, {-100});
   e.reference([](const X& x, const I& idx, const Sample& s) {
     const std::int64_t V = x[0].shape()[x[0].dim() - 1], rows = x[0].numel() / V, ignore = static_cast<std::int64_t>(s.args[0]);
     double total = 0;
@@ -426,6 +435,63 @@ TEST(OpDb_cross_entropy, NarrowedRowsAreReadInPlaceAndEqualTheCopy) {
   check_cross_entropy_on_narrowed_rows<double>({1, 4, 300}, 290);
   check_cross_entropy_on_narrowed_rows<float>({3, 1, 257}, 257);  // the whole rows, contiguous: the same path
 }
+// Note [cross-entropy on padded logits]: on narrow_classes' view the loss is recorded against the padded base,
+// whose gradient (rows of P, zero past V) equals the plain narrow's widened one bit for bit, without the (rows, V)
+// gradient and its widening copy; a second reader of the view still sends its gradient through the narrow.
+template <class T>
+void check_cross_entropy_on_narrow_classes(const Shape& padded, std::int64_t V, bool second_reader, bool through_op) {
+  Generator gen(20261205);
+  const Tensor<float> values = Tensor<float>::normal(padded, 0.f, 2.f, gen);
+  Shape tshape = padded;
+  tshape.erase(tshape.size() - 1);
+  Tensor<std::int64_t> targets = Tensor<std::int64_t>::empty(tshape);
+  for (std::int64_t i = 0; i < targets.numel(); ++i)
+    targets.data()[i] = i % 7 == 2 ? -100 : static_cast<std::int64_t>(gen.next_u64() % static_cast<std::uint64_t>(V));
+  const int last = static_cast<int>(padded.size()) - 1;
+  const std::int64_t P = padded[last];
+  auto run = [&](bool classes, std::int64_t* backward_peak) {
+    Tensor<T> leaf = leaf_as<T>(values);
+    const Tensor<T> base = through_op ? mul(leaf, 1.0) : leaf;  // a recorded op's output, as the LM head's logits
+    const Tensor<T> logits = classes ? narrow_classes(base, V) : base.narrow(last, 0, V);
+    Tensor<T> loss = cross_entropy(logits, targets);
+    if (second_reader) loss = add(loss, mul(sum(logits), 1e-3));
+    allocator<cpu>().reset_peak();
+    const std::int64_t in_use = allocator<cpu>().stats().bytes_in_use;
+    loss.backward();
+    *backward_peak = allocator<cpu>().stats().peak_bytes - in_use;
+    return std::pair{loss.detach(), leaf.grad()};
+  };
+  std::int64_t peak_classes = 0, peak_narrow = 0;
+  const auto [la, ga] = run(true, &peak_classes);
+  const auto [lb, gb] = run(false, &peak_narrow);
+  ASSERT_TRUE(same_bits(la, lb));
+  ASSERT_EQ(ga.shape(), padded);
+  EXPECT_TRUE(same_bits(ga, gb)) << "narrow_classes' gradient differs from the widened narrow's";
+  const Tensor<T> tail = ga.narrow(last, V, P - V).contiguous();
+  for (std::int64_t i = 0; i < tail.numel(); ++i) ASSERT_EQ(static_cast<double>(scalar_cast<float>(tail.data()[i])), 0.0);
+  const auto bytes = static_cast<std::int64_t>(ga.numel() * sizeof(T));
+  if (!second_reader && !through_op && P > V) {
+    // the narrow's path holds a (rows, V) gradient and its (rows, P) widening at once; this path only the latter
+    EXPECT_LE(peak_classes + bytes / P * V / 2, peak_narrow) << "the loss's gradient was still widened";
+  }
+}
+TEST(OpDb_cross_entropy, NarrowClassesWritesThePaddedGradientDirectly) {
+  for (const bool through_op : {false, true}) {
+    check_cross_entropy_on_narrow_classes<float>({2, 3, 1024}, 1000, false, through_op);
+    check_cross_entropy_on_narrow_classes<bf16>({2, 5, 640}, 600, false, through_op);
+    check_cross_entropy_on_narrow_classes<double>({7, 300}, 290, false, through_op);
+    check_cross_entropy_on_narrow_classes<float>({3, 1, 257}, 257, false, through_op);  // nothing padded
+    check_cross_entropy_on_narrow_classes<float>({2, 3, 1024}, 1000, true, through_op);
+    check_cross_entropy_on_narrow_classes<fp16>({4, 136}, 130, true, through_op);
+  }
+}
+TEST(OpDb_cross_entropy, NarrowClassesChecksItsArguments) {
+  const Tensor<float> x = Tensor<float>::zeros({2, 8});
+  EXPECT_THROW(narrow_classes(x, 9), Error);
+  EXPECT_THROW(narrow_classes(x, 0), Error);
+  EXPECT_EQ(narrow_classes(x, 5).shape(), (Shape{2, 5}));
+}
+
 // A layout whose rows are not a fixed stride apart (a transposed batch and time) is copied first: same values.
 TEST(OpDb_cross_entropy, RowsNotAFixedStrideApartAreCopiedFirst) {
   Generator gen(5);

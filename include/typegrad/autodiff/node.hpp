@@ -25,6 +25,9 @@ struct AutogradMeta {
   std::shared_ptr<Node> producer;    // null for leaves
   /// Called once a leaf's gradient of a backward pass is complete (data-parallel hooks, ZeRO).
   std::vector<std::function<void(const Tensor<T, D>&)>> grad_ready_hooks;
+  /// Set by narrow_classes on the view it returns: the padded tensor whose leading columns the view is, so
+  /// cross_entropy can take its gradient there (Note [cross-entropy on padded logits]).
+  Tensor<T, D> padded_base;
   bool is_leaf() const { return producer == nullptr; }
 };
 
@@ -43,33 +46,23 @@ TensorInfo info_of(const Tensor<T, D>& t) {
 template <Element T, Device D>
 void accumulate_grad(AutogradMeta<T, D>& meta, const Tensor<T, D>& g, const Shape& shape, const char* op) {
   TG_CHECK(g.shape() == shape, op, " backward: gradient shape ", g.shape(), " does not match the input's shape ", shape);
-  if constexpr (std::is_same_v<D, cpu>) {
-    if (!meta.grad.defined()) {
-      if (g.storage() && g.storage().use_count() == 1 && g.storage_offset() == 0 && g.is_contiguous() &&
-          g.storage()->bytes() == g.nbytes()) {
-        // Nothing else references g's buffer (a gradient freshly computed by the backward formula): adopt it.
-        meta.grad = g.detach();
-        return;
-      }
-      // Own the buffer: g may alias a saved tensor or a view of another gradient.
-      Tensor<T, D> owned = Tensor<T, D>::empty(shape);
-      detail::copy_tensor(g, owned);
-      meta.grad = std::move(owned);
-    } else {
-      const Tensor<T, D> c = g.contiguous_raw();
-      backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
+  if (!meta.grad.defined()) {
+    // Nothing else references g's buffer (a gradient freshly computed by the backward formula): adopt it, on
+    // either device (the GPU's kernels run in order on one stream, so the buffer is the gradient as it is).
+    if (g.storage() && g.storage().use_count() == 1 && g.storage_offset() == 0 && g.is_contiguous() &&
+        g.storage()->bytes() == g.nbytes()) {
+      meta.grad = g.detach();
+      return;
     }
-  } else {
-    if (!meta.grad.defined()) {
-      // Own the buffer, as on the CPU (a strided g is gathered by the CUDA strided copy).
-      Tensor<T, D> owned = Tensor<T, D>::empty(shape);
-      detail::copy_tensor(g, owned);
-      meta.grad = std::move(owned);
-    } else {
-      const Tensor<T, D> c = g.contiguous_raw();
-      backend::cuda::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
-    }
+    // Own the buffer: g may alias a saved tensor or a view of another gradient (a strided g is gathered).
+    Tensor<T, D> owned = Tensor<T, D>::empty(shape);
+    detail::copy_tensor(g, owned);
+    meta.grad = std::move(owned);
+    return;
   }
+  const Tensor<T, D> c = g.contiguous_raw();
+  if constexpr (std::is_same_v<D, cpu>) backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
+  else backend::cuda::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
 }
 
 template <class X>

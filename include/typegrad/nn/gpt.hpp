@@ -195,7 +195,7 @@ class BasicGPT {
     if (P == V) return linear(x, head);
     // Note [padded vocabulary]: the GEMM on P rows (the fp32 master's own padded storage, or a zero-padded 16-bit
     // copy), the logits narrowed to the real vocabulary.
-    return linear(x, padded_rows(head, P, /*storage_tail_is_zero=*/true)).narrow(2, 0, V);
+    return narrow_classes(linear(x, padded_rows(head, P, /*storage_tail_is_zero=*/true)), V);
   }
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<std::int64_t>& idx) const {

@@ -1,6 +1,6 @@
 // A (R, C) matrix as (P, C) with zero rows after its own, for a GEMM on aligned extents (Note [padded
 // vocabulary]): the LM head reads the token embedding padded to a multiple of 128 rows.
-//   auto logits = tg::linear(h, tg::padded_rows(wte, 50304)).narrow(2, 0, 50257);
+//   auto logits = tg::narrow_classes(tg::linear(h, tg::padded_rows(wte, 50304)), 50257);
 #pragma once
 
 #include <algorithm>
@@ -52,6 +52,21 @@ Tensor<T, D> padded_rows(const Tensor<T, D>& w, std::int64_t rows, bool storage_
   };
   autodiff::record("padded_rows", out, Saved{R},
                    [](Saved& s, const Tensor<T, D>& dout, auto) { return std::tuple{dout.narrow(0, 0, s.rows).detach()}; }, w);
+  return out;
+}
+
+/// The first `classes` entries of the last dim of padded logits (..., P): the narrow view the loss, sampling
+/// and evaluation read. When recorded, the view remembers `padded`, so cross_entropy on it writes its gradient
+/// into `padded`'s whole rows, zero past `classes`, instead of a (..., classes) gradient that the narrow's
+/// backward widens again (Note [cross-entropy on padded logits]). Any other use of the view is a plain narrow.
+template <FloatingElement T, Device D>
+Tensor<T, D> narrow_classes(const Tensor<T, D>& padded, std::int64_t classes) {
+  TG_CHECK(padded.dim() >= 1, "narrow_classes: logits must have a class dim, got ", padded.shape());
+  const std::int64_t d = padded.dim() - 1;
+  TG_CHECK(classes >= 1 && classes <= padded.size(d), "narrow_classes: ", classes, " classes do not fit in the last dim of ",
+           padded.shape());
+  Tensor<T, D> out = padded.narrow(d, 0, classes);
+  if (out.autograd_meta() && out.autograd_meta()->producer) out.autograd_meta()->padded_base = padded;
   return out;
 }
 

@@ -90,7 +90,10 @@ class Event {
   void* handle_ = nullptr;
 };
 
+/// Ordered on the current stream like a kernel; `src` may be reused as soon as this returns (small uploads go
+/// through pinned staging without waiting, large ones wait for the copy: Note [asynchronous uploads]).
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes);
+/// Returns when the data is on the host (waits for the current stream's earlier work).
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes);
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes);
 void synchronize();
