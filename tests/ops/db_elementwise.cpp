@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ops/op_db.hpp"
+#include "typegrad/ops/pointwise.hpp"
 
 namespace tg::testing {
 namespace {
@@ -372,6 +373,79 @@ TG_REGISTER_OP(causal_mask_entry());
 TG_REGISTER_OP(concat_entry());
 TG_REGISTER_OP(split_entry());
 TG_REGISTER_OP(split_concat_entry());
+
+// ---- pointwise (Note [fused pointwise expressions]) ------------------------------------------------------
+// One expression using every node kind: + - * /, negation, numbers on both sides, exp, log, tanh, sqrt,
+// sigmoid, relu; three inputs, broadcast in the samples.
+template <class T, class D>
+Tensor<T, D> pointwise_example(const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& c) {
+  using namespace tg::pw;
+  return tg::pointwise(tanh(_0 * 0.5 + _1) * _2 + sigmoid(_0) / (1.0 + exp(-_1)) - sqrt(_2) * relu(_0) + log(_2) / 3.0,
+                       a, b, c);
+}
+double ref_pointwise(double a, double b, double c) {
+  return std::tanh(a * 0.5 + b) * c + ref_sigmoid(a) / (1.0 + std::exp(-b)) - std::sqrt(c) * (a > 0 ? a : 0.0) +
+         std::log(c) / 3.0;
+}
+OpEntry pointwise_entry() {
+  OpEntry e = make_entry("pointwise", [](const auto& x, const I&, const Sample&) { return pointwise_example(x[0], x[1], x[2]); });
+  e.sample("same_shape", {{{3, 5}}, {{3, 5}}, {{3, 5}, 0.5, 2.0}})
+      .sample("broadcast", {{{2, 3, 4}}, {{4}}, {{2, 3, 1}, 0.5, 2.0}})
+      .sample("strided", {{{4, 6}, L::transposed}, {{4, 6}, L::strided}, {{6}, 0.5, 2.0}})
+      .sample("scalar_input", {{{5}}, {{}}, {{5}, 0.5, 2.0}});
+  e.reference([](const X& x, const I&, const Sample&) {
+    Shape shape = x[0].shape();
+    for (std::size_t i = 1; i < 3; ++i) shape = broadcast_shapes(shape, x[i].shape(), "ref");
+    const Tensor<double> a = x[0].expand(shape).contiguous(), b = x[1].expand(shape).contiguous(),
+                         c = x[2].expand(shape).contiguous();
+    Tensor<double> out = Tensor<double>::empty(shape);
+    for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] = ref_pointwise(a.data()[i], b.data()[i], c.data()[i]);
+    return out;
+  });
+  e.error("shapes", [] { tg::pointwise(tg::pw::_0 + tg::pw::_1, Tensor<float>::zeros({2, 3}), Tensor<float>::zeros({4})); },
+          "pointwise: shapes cannot be broadcast: a is [2,3], b is [4]");
+  return e;
+}
+TG_REGISTER_OP(pointwise_entry());
+
+// The fused expression is one tape node that keeps only its inputs, and equals the unfused ops (the same
+// expression as tensor ops, one node each) within fp32 rounding, forward and every gradient.
+TEST(OpDb_pointwise_behaviour, OneNodeKeepingItsInputsAndTheComposite) {
+  Generator gen(11);
+  const Tensor<float> a0 = Tensor<float>::uniform({64, 96}, -2.f, 2.f, gen), b0 = Tensor<float>::uniform({96}, -1.f, 1.f, gen),
+                      c0 = Tensor<float>::uniform({64, 1}, 0.5f, 2.f, gen);
+  auto run = [&](bool fused, std::int64_t* kept) {
+    Tensor<float> a = a0.clone().detach(), b = b0.clone().detach(), c = c0.clone().detach();
+    a.requires_grad_();
+    b.requires_grad_();
+    c.requires_grad_();
+    const std::int64_t before = allocator<cpu>().stats().bytes_in_use;
+    Tensor<float> y = fused ? pointwise_example(a, b, c)
+                            : [&] {
+                                using namespace tg::pw;
+                                const std::array<Tensor<float>, 3> xs{a, b, c};
+                                return eval_ops(tanh(_0 * 0.5 + _1) * _2 + sigmoid(_0) / (1.0 + exp(-_1)) -
+                                                    sqrt(_2) * relu(_0) + log(_2) / 3.0,
+                                                xs);
+                              }();
+    *kept = allocator<cpu>().stats().bytes_in_use - before;
+    if (fused) {
+      EXPECT_STREQ(y.autograd_meta()->producer->op(), "pointwise");
+    }
+    y.backward(Tensor<float>::ones(y.shape()));
+    return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(), b.grad().to_vector(), c.grad().to_vector()};
+  };
+  std::int64_t kept_fused = 0, kept_ops = 0;
+  const auto f = run(true, &kept_fused), u = run(false, &kept_ops);
+  const char* what[] = {"y", "da", "db", "dc"};
+  for (std::size_t t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f[t].size(), u[t].size());
+    for (std::size_t i = 0; i < f[t].size(); ++i)
+      ASSERT_NEAR(f[t][i], u[t][i], 2e-5 * (1 + std::abs(u[t][i]))) << what[t] << " at " << i;
+  }
+  // the fused node keeps its output and the two broadcast inputs' dense copies; the ops keep every intermediate
+  EXPECT_LT(kept_fused * 3, kept_ops) << "fused " << kept_fused << " bytes, unfused " << kept_ops;
+}
 
 // ---- behaviour the generic checks cannot express --------------------------------------------------
 TEST(OpDb_dropout_behaviour, ConsumesCountersAndReplaysFromSeedOffset) {

@@ -1,0 +1,402 @@
+// tg::pointwise: a chain of elementwise operations over broadcast inputs, evaluated in one pass, with one tape
+// node whose backward computes every input's gradient in one more pass (Note [fused pointwise expressions]).
+//   using namespace tg::pw;
+//   auto y = tg::pointwise(tanh(_0 * 0.5 + _1) * _2, x, bias, scale);   // x [B,T,C], bias [C], scale [B,T,1]
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "typegrad/autodiff/node.hpp"
+#include "typegrad/ops/binary.hpp"
+#include "typegrad/ops/reduce.hpp"
+#include "typegrad/ops/unary.hpp"
+
+// Note [fused pointwise expressions]
+// A chain of elementwise ops run as separate ops reads and writes a whole tensor per op, and keeps each
+// intermediate for the backward. tg::pointwise takes the chain as an expression over its inputs (_0, _1, ...,
+// numbers, + - * /, and exp, log, tanh, sqrt, sigmoid, relu from tg::pw) and, on the CPU, evaluates it in one
+// loop over the broadcast output (broadcast and strided inputs read in place), in the accumulation type (fp32
+// for 16-bit storage, rounded once per output element), keeping only its inputs for the backward. The backward is one more loop: the expression evaluated on
+// dual numbers (value and one partial derivative per input) gives every input's gradient at once; an input that
+// was broadcast gets its gradient summed back to its shape. In 16-bit types the result differs from the
+// unfused ops by their intermediate roundings (it is the more accurate one); in fp32 and fp64 by the order of
+// the libm calls' arguments at most. On a GPU the expression runs as the corresponding tensor ops (the fused
+// kernel, through NVRTC, is not built yet: docs/compile.md), so both devices give the same function.
+
+namespace tg::pw {
+
+// ---- dual numbers: a value and its partial derivatives with respect to N inputs ---------------------------
+template <class S, std::size_t N>
+struct Dual {
+  S v{};
+  std::array<S, N> d{};
+};
+template <class S, std::size_t N>
+Dual<S, N> operator+(const Dual<S, N>& a, const Dual<S, N>& b) {
+  Dual<S, N> r{a.v + b.v, {}};
+  for (std::size_t i = 0; i < N; ++i) r.d[i] = a.d[i] + b.d[i];
+  return r;
+}
+template <class S, std::size_t N>
+Dual<S, N> operator-(const Dual<S, N>& a, const Dual<S, N>& b) {
+  Dual<S, N> r{a.v - b.v, {}};
+  for (std::size_t i = 0; i < N; ++i) r.d[i] = a.d[i] - b.d[i];
+  return r;
+}
+template <class S, std::size_t N>
+Dual<S, N> operator*(const Dual<S, N>& a, const Dual<S, N>& b) {
+  Dual<S, N> r{a.v * b.v, {}};
+  for (std::size_t i = 0; i < N; ++i) r.d[i] = a.d[i] * b.v + a.v * b.d[i];
+  return r;
+}
+template <class S, std::size_t N>
+Dual<S, N> operator/(const Dual<S, N>& a, const Dual<S, N>& b) {
+  Dual<S, N> r{a.v / b.v, {}};
+  for (std::size_t i = 0; i < N; ++i) r.d[i] = (a.d[i] - r.v * b.d[i]) / b.v;
+  return r;
+}
+/// f(a) with f'(a) = df: the chain rule.
+template <class S, std::size_t N>
+Dual<S, N> chain(const Dual<S, N>& a, S f, S df) {
+  Dual<S, N> r{f, {}};
+  for (std::size_t i = 0; i < N; ++i) r.d[i] = a.d[i] * df;
+  return r;
+}
+
+template <class S>
+struct Scalar {  // the scalar type under S
+  using type = S;
+};
+template <class S, std::size_t N>
+struct Scalar<Dual<S, N>> {
+  using type = S;
+};
+template <class S>
+S lift(double c) {
+  if constexpr (std::is_floating_point_v<S>) return static_cast<S>(c);
+  else return S{static_cast<typename Scalar<S>::type>(c), {}};
+}
+
+// The element functions on scalars and on duals (derivatives written from the values already computed).
+template <class S>
+S f_neg(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return -a;
+  else return lift<S>(0.0) - a;
+}
+template <class S>
+S f_exp(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return std::exp(a);
+  else {
+    const auto e = std::exp(a.v);
+    return chain(a, e, e);
+  }
+}
+template <class S>
+S f_log(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return std::log(a);
+  else return chain(a, std::log(a.v), decltype(a.v)(1) / a.v);
+}
+template <class S>
+S f_tanh(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return std::tanh(a);
+  else {
+    const auto t = std::tanh(a.v);
+    return chain(a, t, decltype(t)(1) - t * t);
+  }
+}
+template <class S>
+S f_sqrt(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return std::sqrt(a);
+  else {
+    const auto s = std::sqrt(a.v);
+    return chain(a, s, decltype(s)(0.5) / s);
+  }
+}
+template <class S>
+S f_sigmoid(const S& a) {
+  if constexpr (std::is_floating_point_v<S>) return S(1) / (S(1) + std::exp(-a));
+  else {
+    using T = decltype(a.v);
+    const T s = T(1) / (T(1) + std::exp(-a.v));
+    return chain(a, s, s * (T(1) - s));
+  }
+}
+template <class S>
+S f_relu(const S& a) {  // the derivative at 0 is taken as 0, as relu's
+  if constexpr (std::is_floating_point_v<S>) return a > S(0) ? a : S(0);
+  else {
+    using T = decltype(a.v);
+    return a.v > T(0) ? a : lift<S>(0.0);
+  }
+}
+
+// ---- expression nodes ----------------------------------------------------------------------------------------
+template <int I>
+struct Arg {};
+struct Lit {
+  double v;
+};
+enum class BinOp { add, sub, mul, div };
+enum class UnOp { neg, exp, log, tanh, sqrt, sigmoid, relu };
+template <BinOp Op, class L, class R>
+struct Bin {
+  L l;
+  R r;
+};
+template <UnOp Op, class E>
+struct Un {
+  E e;
+};
+
+template <class E>
+struct is_expr : std::false_type {};
+template <int I>
+struct is_expr<Arg<I>> : std::true_type {};
+template <>
+struct is_expr<Lit> : std::true_type {};
+template <BinOp Op, class L, class R>
+struct is_expr<Bin<Op, L, R>> : std::true_type {};
+template <UnOp Op, class E>
+struct is_expr<Un<Op, E>> : std::true_type {};
+template <class E>
+concept Expr = is_expr<std::remove_cvref_t<E>>::value;
+
+/// The inputs an expression reads: one more than its largest argument index (0 for a constant).
+template <int I>
+constexpr int arity(const Arg<I>*) {
+  return I + 1;
+}
+constexpr int arity(const Lit*) { return 0; }
+template <BinOp Op, class L, class R>
+constexpr int arity(const Bin<Op, L, R>*) {
+  const int a = arity(static_cast<const L*>(nullptr)), b = arity(static_cast<const R*>(nullptr));
+  return a > b ? a : b;
+}
+template <UnOp Op, class E>
+constexpr int arity(const Un<Op, E>*) {
+  return arity(static_cast<const E*>(nullptr));
+}
+template <Expr E>
+inline constexpr int arity_v = arity(static_cast<const std::remove_cvref_t<E>*>(nullptr));
+
+inline constexpr Arg<0> _0{};
+inline constexpr Arg<1> _1{};
+inline constexpr Arg<2> _2{};
+inline constexpr Arg<3> _3{};
+inline constexpr Arg<4> _4{};
+inline constexpr Arg<5> _5{};
+
+template <class X>
+auto as_expr(const X& x) {
+  if constexpr (Expr<X>) return x;
+  else return Lit{static_cast<double>(x)};
+}
+template <class A, class B>
+concept Operands = (Expr<A> && (Expr<B> || std::is_arithmetic_v<B>)) || (std::is_arithmetic_v<A> && Expr<B>);
+
+#define TG_PW_BINARY(sym, op)                                                       \
+  template <class A, class B>                                                       \
+    requires Operands<A, B>                                                         \
+  auto operator sym(const A& a, const B& b) {                                       \
+    return Bin<op, decltype(as_expr(a)), decltype(as_expr(b))>{as_expr(a), as_expr(b)}; \
+  }
+TG_PW_BINARY(+, BinOp::add)
+TG_PW_BINARY(-, BinOp::sub)
+TG_PW_BINARY(*, BinOp::mul)
+TG_PW_BINARY(/, BinOp::div)
+#undef TG_PW_BINARY
+template <Expr E>
+auto operator-(const E& e) {
+  return Un<UnOp::neg, E>{e};
+}
+#define TG_PW_UNARY(fn, op)            \
+  template <Expr E>                    \
+  auto fn(const E& e) {                \
+    return Un<op, E>{e};               \
+  }
+TG_PW_UNARY(exp, UnOp::exp)
+TG_PW_UNARY(log, UnOp::log)
+TG_PW_UNARY(tanh, UnOp::tanh)
+TG_PW_UNARY(sqrt, UnOp::sqrt)
+TG_PW_UNARY(sigmoid, UnOp::sigmoid)
+TG_PW_UNARY(relu, UnOp::relu)
+#undef TG_PW_UNARY
+
+// ---- evaluation on scalars or duals (args: a std::array<S, arity>) ---------------------------------------------
+template <class S, std::size_t K, int I>
+S eval(const Arg<I>&, const std::array<S, K>& x) {
+  return x[I];
+}
+template <class S, std::size_t K>
+S eval(const Lit& c, const std::array<S, K>&) {
+  return lift<S>(c.v);
+}
+template <class S, std::size_t K, BinOp Op, class L, class R>
+S eval(const Bin<Op, L, R>& e, const std::array<S, K>& x) {
+  const S a = eval(e.l, x), b = eval(e.r, x);
+  if constexpr (Op == BinOp::add) return a + b;
+  else if constexpr (Op == BinOp::sub) return a - b;
+  else if constexpr (Op == BinOp::mul) return a * b;
+  else return a / b;
+}
+template <class S, std::size_t K, UnOp Op, class E>
+S eval(const Un<Op, E>& u, const std::array<S, K>& x) {
+  const S a = eval(u.e, x);
+  if constexpr (Op == UnOp::neg) return f_neg(a);
+  else if constexpr (Op == UnOp::exp) return f_exp(a);
+  else if constexpr (Op == UnOp::log) return f_log(a);
+  else if constexpr (Op == UnOp::tanh) return f_tanh(a);
+  else if constexpr (Op == UnOp::sqrt) return f_sqrt(a);
+  else if constexpr (Op == UnOp::sigmoid) return f_sigmoid(a);
+  else return f_relu(a);
+}
+
+// ---- evaluation as tensor ops (the GPU's path, and a reference) -------------------------------------------
+template <class T, class D, std::size_t K, int I>
+Tensor<T, D> eval_ops(const Arg<I>&, const std::array<Tensor<T, D>, K>& x) {
+  return x[I];
+}
+template <class T, class D, std::size_t K>
+Tensor<T, D> eval_ops(const Lit& c, const std::array<Tensor<T, D>, K>&) {
+  return Tensor<T, D>::full(Shape(), c.v);
+}
+template <class T, class D, std::size_t K, BinOp Op, class L, class R>
+Tensor<T, D> eval_ops(const Bin<Op, L, R>& e, const std::array<Tensor<T, D>, K>& x) {
+  const Tensor<T, D> a = eval_ops(e.l, x), b = eval_ops(e.r, x);
+  if constexpr (Op == BinOp::add) return tg::add(a, b);
+  else if constexpr (Op == BinOp::sub) return tg::sub(a, b);
+  else if constexpr (Op == BinOp::mul) return tg::mul(a, b);
+  else return tg::div(a, b);
+}
+template <class T, class D, std::size_t K, UnOp Op, class E>
+Tensor<T, D> eval_ops(const Un<Op, E>& u, const std::array<Tensor<T, D>, K>& x) {
+  const Tensor<T, D> a = eval_ops(u.e, x);
+  if constexpr (Op == UnOp::neg) return tg::neg(a);
+  else if constexpr (Op == UnOp::exp) return tg::exp(a);
+  else if constexpr (Op == UnOp::log) return tg::log(a);
+  else if constexpr (Op == UnOp::tanh) return tg::tanh(a);
+  else if constexpr (Op == UnOp::sqrt) return tg::sqrt(a);
+  else if constexpr (Op == UnOp::sigmoid) return tg::sigmoid(a);
+  else return tg::relu(a);
+}
+
+}  // namespace tg::pw
+
+namespace tg {
+
+namespace detail {
+template <Element T, std::size_t K>
+struct PointwiseSaved {
+  std::array<Tensor<T, cpu>, K> x;  // the inputs as given (views, no copies)
+};
+
+/// The offsets of K operands, broadcast and strided over one row-major index space, walked element by element.
+template <std::size_t K>
+class BroadcastWalk {
+ public:
+  BroadcastWalk(const Shape& shape, const std::array<Shape, K>& strides) : shape_(shape), strides_(strides) {}
+  /// Calls f(j, offsets) for j in [b, e), offsets[i] the element of operand i for output element j.
+  template <class F>
+  void run(std::int64_t b, std::int64_t e, F f) const {
+    const int nd = shape_.size();
+    std::array<std::int64_t, kMaxDims> coord{};
+    std::array<std::int64_t, K> off{};
+    std::int64_t rest = b;
+    for (int d = nd - 1; d >= 0; --d) {
+      coord[d] = shape_[d] ? rest % shape_[d] : 0;
+      rest = shape_[d] ? rest / shape_[d] : 0;
+      for (std::size_t i = 0; i < K; ++i) off[i] += coord[d] * strides_[i][d];
+    }
+    for (std::int64_t j = b; j < e; ++j) {
+      f(j, off);
+      for (int d = nd - 1; d >= 0; --d) {  // the next element: carry through the dims
+        for (std::size_t i = 0; i < K; ++i) off[i] += strides_[i][d];
+        if (++coord[d] < shape_[d]) break;
+        for (std::size_t i = 0; i < K; ++i) off[i] -= coord[d] * strides_[i][d];
+        coord[d] = 0;
+      }
+    }
+  }
+
+ private:
+  Shape shape_;
+  std::array<Shape, K> strides_;
+};
+
+/// Runs body(begin, end) over [0, n) in pieces, on the OpenMP threads when n is large.
+template <class Body>
+void pointwise_for(std::int64_t n, Body body) {
+  constexpr std::int64_t kPiece = 4096;
+  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces > 8)
+  for (std::int64_t p = 0; p < pieces; ++p) body(p * kPiece, std::min(n, (p + 1) * kPiece));
+}
+}  // namespace detail
+
+/// expr over xs (broadcast to one shape), as one op: see Note [fused pointwise expressions]. expr reads _0 ...
+/// _{K-1}, K = sizeof...(xs); every input has the same element type and device.
+template <pw::Expr E, FloatingElement T, Device D, class... Rest>
+Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... rest) {
+  constexpr std::size_t K = 1 + sizeof...(Rest);
+  static_assert((std::is_same_v<Rest, Tensor<T, D>> && ...), "pointwise: every input must be a Tensor<T, D> of one T and D");
+  static_assert(pw::arity_v<E> <= static_cast<int>(K), "pointwise: the expression reads an input that was not passed");
+  const std::array<Tensor<T, D>, K> xs{x0, rest...};
+  if constexpr (!std::is_same_v<D, cpu>) {
+    return pw::eval_ops(expr, xs);  // Note [fused pointwise expressions]: tensor ops on the GPU
+  } else {
+    Shape shape = x0.shape();
+    for (std::size_t i = 1; i < K; ++i) shape = broadcast_shapes(shape, xs[i].shape(), "pointwise");
+    std::array<Tensor<T, cpu>, K> in;
+    std::array<Shape, K> in_shapes, strides;
+    for (std::size_t i = 0; i < K; ++i) {
+      in[i] = xs[i].detach();
+      in_shapes[i] = in[i].shape();
+      strides[i] = in[i].expand(shape).strides();  // 0 along broadcast dims (a view: nothing copied)
+    }
+    const detail::BroadcastWalk<K> walk(shape, strides);
+    Tensor<T, cpu> out = Tensor<T, cpu>::empty(shape);
+    using A = accum_t<T>;
+    T* o = out.data();
+    detail::pointwise_for(shape.numel(), [&](std::int64_t b, std::int64_t e) {
+      std::array<A, K> v;
+      walk.run(b, e, [&](std::int64_t j, const std::array<std::int64_t, K>& off) {
+        for (std::size_t i = 0; i < K; ++i) v[i] = scalar_cast<A>(in[i].data()[off[i]]);
+        o[j] = scalar_cast<T>(pw::eval(expr, v));
+      });
+    });
+    auto backward = [expr, in_shapes, walk](detail::PointwiseSaved<T, K>& s, const Tensor<T, cpu>& dout, auto need) {
+      const Tensor<T, cpu> g = dout.contiguous_raw();
+      std::array<Tensor<T, cpu>, K> full;  // each input's gradient over the output's shape
+      for (std::size_t i = 0; i < K; ++i)
+        if (need[i]) full[i] = Tensor<T, cpu>::empty(g.shape());
+      detail::pointwise_for(g.numel(), [&](std::int64_t b, std::int64_t e) {
+        std::array<pw::Dual<A, K>, K> v;
+        walk.run(b, e, [&](std::int64_t j, const std::array<std::int64_t, K>& off) {
+          for (std::size_t i = 0; i < K; ++i) {
+            v[i].v = scalar_cast<A>(s.x[i].data()[off[i]]);
+            v[i].d.fill(A(0));
+            v[i].d[i] = A(1);
+          }
+          const pw::Dual<A, K> r = pw::eval(expr, v);
+          const A gj = scalar_cast<A>(g.data()[j]);
+          for (std::size_t i = 0; i < K; ++i)
+            if (need[i]) full[i].data()[j] = scalar_cast<T>(gj * r.d[i]);
+        });
+      });
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{(need[I] ? (full[I].shape() == in_shapes[I] ? full[I] : sum_to_shape(full[I], in_shapes[I]))
+                                   : Tensor<T, cpu>())...};
+      }(std::make_index_sequence<K>{});
+    };
+    autodiff::record("pointwise", out, detail::PointwiseSaved<T, K>{in}, backward, x0, rest...);
+    return out;
+  }
+}
+
+}  // namespace tg
