@@ -6,6 +6,7 @@
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cuda/gemm_int8.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/cuda/pointwise.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/dist/nccl.hpp"
 
@@ -24,6 +25,9 @@ int device_count() { return 0; }
 std::string device_description() { return "no CUDA backend in this build"; }
 void set_device(int) { no_backend("set_device"); }
 void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_host_to_device"); }
+std::string pointwise_source(DType, int, const std::string&, bool) { no_backend("pointwise_source"); }
+std::string pointwise_ptx(const std::string&) { no_backend("pointwise_ptx"); }
+bool pointwise_run(const std::string&, bool, const PointwiseArgs&, std::string*) { no_backend("pointwise_run"); }
 void copy_device_to_host(void*, const void*, std::size_t) { no_backend("copy_device_to_host"); }
 void copy_device_to_device(void*, const void*, std::size_t) { no_backend("copy_device_to_device"); }
 void synchronize() { no_backend("synchronize"); }

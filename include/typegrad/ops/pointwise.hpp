@@ -8,11 +8,16 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "typegrad/autodiff/node.hpp"
+#include "typegrad/detail/cuda/pointwise.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/reduce.hpp"
 #include "typegrad/ops/unary.hpp"
@@ -26,8 +31,9 @@
 // dual numbers (value and one partial derivative per input) gives every input's gradient at once; an input that
 // was broadcast gets its gradient summed back to its shape. In 16-bit types the result differs from the
 // unfused ops by their intermediate roundings (it is the more accurate one); in fp32 and fp64 by the order of
-// the libm calls' arguments at most. On a GPU the expression runs as the corresponding tensor ops (the fused
-// kernel, through NVRTC, is not built yet: docs/compile.md), so both devices give the same function.
+// the libm calls' arguments at most. On a GPU the same two passes run as kernels generated from the expression
+// and compiled at run time (Note [pointwise kernels through NVRTC]); where that is unavailable, the expression
+// runs as the corresponding tensor ops, so both devices give the same function either way.
 
 namespace tg::pw {
 
@@ -286,14 +292,43 @@ Tensor<T, D> eval_ops(const Un<Op, E>& u, const std::array<Tensor<T, D>, K>& x) 
   else return tg::relu(a);
 }
 
+// ---- the expression as CUDA source (Note [pointwise kernels through NVRTC]) ---------------------------------
+inline std::string literal_source(double v) {
+  if (!std::isfinite(v)) {  // no literal spells these: the bits
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    return "tg_lit<S>(__longlong_as_double(" + std::to_string(static_cast<long long>(bits)) + "LL))";
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return std::string("tg_lit<S>(") + buf + ")";
+}
+template <int I>
+std::string source(const Arg<I>&) {
+  return "x" + std::to_string(I);
+}
+inline std::string source(const Lit& c) { return literal_source(c.v); }
+template <BinOp Op, class L, class R>
+std::string source(const Bin<Op, L, R>& e) {
+  constexpr const char* sym = Op == BinOp::add ? " + " : Op == BinOp::sub ? " - " : Op == BinOp::mul ? " * " : " / ";
+  return "(" + source(e.l) + sym + source(e.r) + ")";
+}
+template <UnOp Op, class E>
+std::string source(const Un<Op, E>& u) {
+  constexpr const char* fn = Op == UnOp::neg ? "-" : Op == UnOp::exp ? "tg_exp" : Op == UnOp::log ? "tg_log"
+                             : Op == UnOp::tanh ? "tg_tanh" : Op == UnOp::sqrt ? "tg_sqrt"
+                             : Op == UnOp::sigmoid ? "tg_sigmoid" : "tg_relu";
+  return std::string("(") + fn + "(" + source(u.e) + "))";
+}
+
 }  // namespace tg::pw
 
 namespace tg {
 
 namespace detail {
-template <Element T, std::size_t K>
+template <Element T, std::size_t K, Device D = cpu>
 struct PointwiseSaved {
-  std::array<Tensor<T, cpu>, K> x;  // the inputs as given (views, no copies)
+  std::array<Tensor<T, D>, K> x;  // the inputs as given (views, no copies)
 };
 
 /// The offsets of K operands, broadcast and strided over one row-major index space, walked element by element.
@@ -337,6 +372,71 @@ void pointwise_for(std::int64_t n, Body body) {
 #pragma omp parallel for schedule(static) if (pieces > 8)
   for (std::int64_t p = 0; p < pieces; ++p) body(p * kPiece, std::min(n, (p + 1) * kPiece));
 }
+
+/// The launch arguments of a generated kernel: the inputs at their strides over `shape` (0 where broadcast).
+template <Element T, Device D, std::size_t K>
+backend::cuda::PointwiseArgs pointwise_args(const std::array<Tensor<T, D>, K>& in, const Shape& shape) {
+  backend::cuda::PointwiseArgs a;
+  a.n = shape.numel();
+  a.nd = shape.size();
+  for (int d = 0; d < shape.size(); ++d) a.size[d] = shape[d];
+  for (std::size_t k = 0; k < K; ++k) {
+    a.in[k] = in[k].data();
+    const Shape st = in[k].expand(shape).strides();
+    for (int d = 0; d < shape.size(); ++d) a.st[k][d] = st[d];
+  }
+  return a;
+}
+
+/// tg::pointwise on a GPU through one generated kernel each way (Note [pointwise kernels through NVRTC]);
+/// undefined when the kernel is unavailable (said once on stderr): the caller runs tensor ops.
+template <class E, FloatingElement T, Device D, std::size_t K>
+Tensor<T, D> pointwise_cuda(const E& expr, const std::array<Tensor<T, D>, K>& xs) {
+  Shape shape = xs[0].shape();
+  for (std::size_t i = 1; i < K; ++i) shape = broadcast_shapes(shape, xs[i].shape(), "pointwise");
+  std::array<Tensor<T, D>, K> in;
+  std::array<Shape, K> in_shapes;
+  for (std::size_t i = 0; i < K; ++i) {
+    in[i] = xs[i].detach();
+    in_shapes[i] = in[i].shape();
+  }
+  const std::string body = pw::source(expr);
+  const std::string fwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, false);
+  Tensor<T, D> out = Tensor<T, D>::empty(shape);
+  backend::cuda::PointwiseArgs a = pointwise_args(in, shape);
+  a.out[0] = out.data();
+  std::string why;
+  if (!backend::cuda::pointwise_run(fwd, false, a, &why)) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      std::cerr << "tg::pointwise: no generated GPU kernel (" << why << "); running the expression as tensor ops\n";
+    }
+    return Tensor<T, D>();
+  }
+  auto backward = [body, in_shapes, shape](PointwiseSaved<T, K, D>& s, const Tensor<T, D>& dout, auto need) {
+    const Tensor<T, D> g = dout.contiguous_raw();
+    std::array<Tensor<T, D>, K> full;
+    backend::cuda::PointwiseArgs b = pointwise_args(s.x, shape);
+    b.in[K] = g.data();
+    for (std::size_t i = 0; i < K; ++i)
+      if (need[i]) {
+        full[i] = Tensor<T, D>::empty(shape);
+        b.out[i] = full[i].data();
+      }
+    const std::string bwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, true);
+    std::string why;
+    TG_CHECK(backend::cuda::pointwise_run(bwd, true, b, &why), "pointwise backward: ", why);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{(need[I] ? (full[I].shape() == in_shapes[I] ? full[I] : sum_to_shape(full[I], in_shapes[I]))
+                                 : Tensor<T, D>())...};
+    }(std::make_index_sequence<K>{});
+  };
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    autodiff::record("pointwise", out, PointwiseSaved<T, K, D>{in}, backward, xs[I]...);
+  }(std::make_index_sequence<K>{});
+  return out;
+}
 }  // namespace detail
 
 /// expr over xs (broadcast to one shape), as one op: see Note [fused pointwise expressions]. expr reads _0 ...
@@ -348,7 +448,10 @@ Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... res
   static_assert(pw::arity_v<E> <= static_cast<int>(K), "pointwise: the expression reads an input that was not passed");
   const std::array<Tensor<T, D>, K> xs{x0, rest...};
   if constexpr (!std::is_same_v<D, cpu>) {
-    return pw::eval_ops(expr, xs);  // Note [fused pointwise expressions]: tensor ops on the GPU
+    if constexpr (K < static_cast<std::size_t>(backend::cuda::kPointwiseMaxOperands)) {
+      if (Tensor<T, D> out = detail::pointwise_cuda(expr, xs); out.defined()) return out;
+    }
+    return pw::eval_ops(expr, xs);  // Note [pointwise kernels through NVRTC]: tensor ops when NVRTC is unavailable
   } else {
     Shape shape = x0.shape();
     for (std::size_t i = 1; i < K; ++i) shape = broadcast_shapes(shape, xs[i].shape(), "pointwise");

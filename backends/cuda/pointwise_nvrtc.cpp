@@ -1,0 +1,232 @@
+// tg::pointwise on the GPU: the expression's CUDA source, compiled by NVRTC once per source and device, loaded
+// with the runtime's library API and launched on the current stream (Note [pointwise kernels through NVRTC]).
+#include <cuda_runtime.h>
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "typegrad/core/error.hpp"
+#include "typegrad/detail/cuda/pointwise.hpp"
+#include "typegrad/detail/cuda/runtime.hpp"
+
+namespace tg::backend::cuda {
+
+// Note [pointwise kernels through NVRTC]
+// tg::pointwise's expression is a C++ type; the host compiler cannot instantiate a device kernel from it in a
+// program nvcc never sees. So the expression prints itself as CUDA source (x0 + tg_lit<S>(0.5), tg_tanh(...)),
+// and this file wraps it into a translation unit: the scalar functions for float / double and for dual numbers
+// (the CPU's forward-mode derivatives, written again in CUDA), 16-bit loads and stores (bf16 by bit shifts with
+// the CPU's round-to-nearest-even and NaN rule, fp16 through cvt instructions: no CUDA headers, so NVRTC needs
+// no include path), a grid-stride loop that splits each output index into the operands' strided offsets, and
+// `extern "C"` kernels tg_pw_fwd (one output) and tg_pw_bwd (one gradient per input over the output's shape,
+// from the output's gradient). NVRTC compiles it for the current GPU's architecture; the result is cached by
+// source and device for the process. Any failure (NVRTC, the library load) is returned, not thrown: the op
+// then runs as tensor ops, which compute the same function.
+
+namespace {
+
+const char* kPrelude = R"(
+typedef long long i64;
+struct TgArgs { const void* in[8]; void* out[8]; i64 n; i64 nd; i64 size[8]; i64 st[8][8]; };
+template <class A, int N> struct Dual { A v; A d[N]; };
+template <class A, int N> __device__ Dual<A, N> operator+(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v + b.v; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] + b.d[i]; return r; }
+template <class A, int N> __device__ Dual<A, N> operator-(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v - b.v; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] - b.d[i]; return r; }
+template <class A, int N> __device__ Dual<A, N> operator-(Dual<A, N> a) { Dual<A, N> r; r.v = -a.v; for (int i = 0; i < N; ++i) r.d[i] = -a.d[i]; return r; }
+template <class A, int N> __device__ Dual<A, N> operator*(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v * b.v; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] * b.v + a.v * b.d[i]; return r; }
+template <class A, int N> __device__ Dual<A, N> operator/(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v / b.v; for (int i = 0; i < N; ++i) r.d[i] = (a.d[i] - r.v * b.d[i]) / b.v; return r; }
+template <class A, int N> __device__ Dual<A, N> tg_chain(Dual<A, N> a, A f, A df) { Dual<A, N> r; r.v = f; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] * df; return r; }
+template <class S> struct TgLit { static __device__ S make(double c) { return S(c); } };
+template <class A, int N> struct TgLit<Dual<A, N> > { static __device__ Dual<A, N> make(double c) { Dual<A, N> r; r.v = A(c); for (int i = 0; i < N; ++i) r.d[i] = A(0); return r; } };
+template <class S> __device__ S tg_lit(double c) { return TgLit<S>::make(c); }
+__device__ float tg_exp(float a) { return expf(a); }
+__device__ double tg_exp(double a) { return exp(a); }
+__device__ float tg_log(float a) { return logf(a); }
+__device__ double tg_log(double a) { return log(a); }
+__device__ float tg_tanh(float a) { return tanhf(a); }
+__device__ double tg_tanh(double a) { return tanh(a); }
+__device__ float tg_sqrt(float a) { return sqrtf(a); }
+__device__ double tg_sqrt(double a) { return sqrt(a); }
+template <class A> __device__ A tg_sigmoid(A a) { return A(1) / (A(1) + tg_exp(-a)); }
+template <class A> __device__ A tg_relu(A a) { return a > A(0) ? a : A(0); }
+template <class A, int N> __device__ Dual<A, N> tg_exp(Dual<A, N> a) { const A e = tg_exp(a.v); return tg_chain(a, e, e); }
+template <class A, int N> __device__ Dual<A, N> tg_log(Dual<A, N> a) { return tg_chain(a, tg_log(a.v), A(1) / a.v); }
+template <class A, int N> __device__ Dual<A, N> tg_tanh(Dual<A, N> a) { const A t = tg_tanh(a.v); return tg_chain(a, t, A(1) - t * t); }
+template <class A, int N> __device__ Dual<A, N> tg_sqrt(Dual<A, N> a) { const A s = tg_sqrt(a.v); return tg_chain(a, s, A(0.5) / s); }
+template <class A, int N> __device__ Dual<A, N> tg_sigmoid(Dual<A, N> a) { const A s = A(1) / (A(1) + tg_exp(-a.v)); return tg_chain(a, s, s * (A(1) - s)); }
+template <class A, int N> __device__ Dual<A, N> tg_relu(Dual<A, N> a) { return a.v > A(0) ? a : tg_lit<Dual<A, N> >(0.0); }
+__device__ void tg_offsets(const TgArgs& g, i64 i, int K, i64* off) {
+  for (int k = 0; k < K; ++k) off[k] = 0;
+  for (int d = (int)g.nd - 1; d >= 0; --d) {
+    const i64 n = g.size[d], q = i / n, c = i - q * n;
+    for (int k = 0; k < K; ++k) off[k] += c * g.st[k][d];
+    i = q;
+  }
+}
+)";
+
+// Loads and stores of the element type, in the accumulation type A.
+const char* storage_code(DType d) {
+  switch (d) {
+    case DType::f32:
+      return "typedef float T; typedef float A;\n"
+             "__device__ A tg_ld(const void* p, i64 i) { return ((const T*)p)[i]; }\n"
+             "__device__ void tg_st(void* p, i64 i, A v) { ((T*)p)[i] = v; }\n";
+    case DType::f64:
+      return "typedef double T; typedef double A;\n"
+             "__device__ A tg_ld(const void* p, i64 i) { return ((const T*)p)[i]; }\n"
+             "__device__ void tg_st(void* p, i64 i, A v) { ((T*)p)[i] = v; }\n";
+    case DType::bf16:
+      return "typedef unsigned short T; typedef float A;\n"
+             "__device__ A tg_ld(const void* p, i64 i) { return __uint_as_float(((unsigned)((const T*)p)[i]) << 16); }\n"
+             "__device__ void tg_st(void* p, i64 i, A v) {\n"
+             "  const unsigned x = __float_as_uint(v);\n"
+             "  unsigned short b;\n"
+             "  if ((x & 0x7fffffffu) > 0x7f800000u) { unsigned u = x >> 16; if ((u & 0x7fu) == 0) u |= 0x40u; b = (unsigned short)u; }\n"
+             "  else b = (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
+             "  ((T*)p)[i] = b;\n"
+             "}\n";
+    case DType::f16:
+      return "typedef unsigned short T; typedef float A;\n"
+             "__device__ A tg_ld(const void* p, i64 i) { float f; unsigned short h = ((const T*)p)[i];\n"
+             "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
+             "__device__ void tg_st(void* p, i64 i, A v) { unsigned short h;\n"
+             "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(v)); ((T*)p)[i] = h; }\n";
+    default:
+      throw Error("pointwise: no GPU kernel for element type ", dtype_name(d));
+  }
+}
+
+void check_nvrtc(nvrtcResult r, const char* what) {
+  if (r != NVRTC_SUCCESS) throw Error("pointwise: ", what, " failed: ", nvrtcGetErrorString(r));
+}
+
+/// NVRTC's output for `source` at `arch` ("compute_80": PTX; "sm_90": a cubin); throws with the log.
+std::string compile(const std::string& source, const std::string& arch, bool cubin) {
+  nvrtcProgram prog = nullptr;
+  check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), "tg_pointwise.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
+  const std::string arch_opt = "--gpu-architecture=" + arch;
+  const char* opts[] = {arch_opt.c_str(), "--std=c++17", "-default-device"};
+  const nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+  if (r != NVRTC_SUCCESS) {
+    std::size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    if (n) nvrtcGetProgramLog(prog, log.data());
+    nvrtcDestroyProgram(&prog);
+    throw Error("pointwise: NVRTC could not compile the generated kernel (", nvrtcGetErrorString(r), "):\n", log,
+                "\nsource:\n", source);
+  }
+  std::size_t n = 0;
+  std::string out;
+  if (cubin) {
+    check_nvrtc(nvrtcGetCUBINSize(prog, &n), "nvrtcGetCUBINSize");
+    out.resize(n);
+    check_nvrtc(nvrtcGetCUBIN(prog, out.data()), "nvrtcGetCUBIN");
+  } else {
+    check_nvrtc(nvrtcGetPTXSize(prog, &n), "nvrtcGetPTXSize");
+    out.resize(n);
+    check_nvrtc(nvrtcGetPTX(prog, out.data()), "nvrtcGetPTX");
+  }
+  nvrtcDestroyProgram(&prog);
+  return out;
+}
+
+struct Loaded {
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t kernel = nullptr;
+};
+std::mutex g_mutex;
+std::map<std::tuple<std::string, int, bool>, Loaded> g_loaded;  // never unloaded (process lifetime)
+
+}  // namespace
+
+std::string pointwise_source(DType dtype, int K, const std::string& expr, bool backward) {
+  if (K < 1 || K > kPointwiseMaxOperands - 1) throw Error("pointwise: ", K, " inputs (the GPU kernel takes 1 to 7)");
+  std::string s = kPrelude;
+  s += storage_code(dtype);
+  std::string params, call;
+  for (int k = 0; k < K; ++k) {
+    params += (k ? ", S x" : "S x") + std::to_string(k);
+    call += (k ? ", x" : "x") + std::to_string(k);
+  }
+  s += "template <class S> __device__ S tg_f(" + params + ") { return " + expr + "; }\n";
+  const std::string Ks = std::to_string(K);
+  s += "extern \"C\" __global__ void " + std::string(backward ? "tg_pw_bwd" : "tg_pw_fwd") + "(TgArgs g) {\n";
+  s += "  const i64 stride = (i64)gridDim.x * blockDim.x;\n";
+  s += "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < g.n; i += stride) {\n";
+  s += "    i64 off[" + Ks + "];\n    tg_offsets(g, i, " + Ks + ", off);\n";
+  if (!backward) {
+    for (int k = 0; k < K; ++k) {
+      const std::string ks = std::to_string(k);
+      s += "    const A x" + ks + " = tg_ld(g.in[" + ks + "], off[" + ks + "]);\n";
+    }
+    s += "    tg_st(g.out[0], i, tg_f<A>(" + call + "));\n";
+  } else {
+    for (int k = 0; k < K; ++k) {
+      const std::string ks = std::to_string(k);
+      s += "    Dual<A, " + Ks + "> x" + ks + "; x" + ks + ".v = tg_ld(g.in[" + ks + "], off[" + ks + "]);";
+      s += " for (int j = 0; j < " + Ks + "; ++j) x" + ks + ".d[j] = A(j == " + ks + ");\n";
+    }
+    s += "    const Dual<A, " + Ks + "> r = tg_f<Dual<A, " + Ks + "> >(" + call + ");\n";
+    s += "    const A dy = tg_ld(g.in[" + Ks + "], i);\n";
+    s += "    for (int k = 0; k < " + Ks + "; ++k) if (g.out[k]) tg_st(g.out[k], i, dy * r.d[k]);\n";
+  }
+  s += "  }\n}\n";
+  return s;
+}
+
+std::string pointwise_ptx(const std::string& source) { return compile(source, "compute_80", false); }
+
+bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs& args, std::string* why) {
+  if (args.n == 0) return true;
+  try {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) throw Error("pointwise: cudaGetDevice failed");
+    Loaded l;
+    {
+      const std::lock_guard<std::mutex> lock(g_mutex);
+      const auto key = std::make_tuple(source, dev, backward);
+      auto it = g_loaded.find(key);
+      if (it == g_loaded.end()) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) throw Error("pointwise: cudaGetDeviceProperties failed");
+        const std::string cubin = compile(source, "sm_" + std::to_string(p.major) + std::to_string(p.minor), true);
+        Loaded fresh;
+        cudaError_t st = cudaLibraryLoadData(&fresh.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+        if (st != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw Error("pointwise: cudaLibraryLoadData failed: ", cudaGetErrorString(st));
+        }
+        st = cudaLibraryGetKernel(&fresh.kernel, fresh.library, backward ? "tg_pw_bwd" : "tg_pw_fwd");
+        if (st != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw Error("pointwise: cudaLibraryGetKernel failed: ", cudaGetErrorString(st));
+        }
+        it = g_loaded.emplace(key, fresh).first;
+      }
+      l = it->second;
+    }
+    const int threads = 256;
+    const long long blocks = std::min<long long>((args.n + threads - 1) / threads, 65535LL * 16);
+    PointwiseArgs a = args;
+    void* params[] = {&a};
+    const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(l.kernel), dim3(static_cast<unsigned>(blocks)),
+                                            dim3(threads), params, 0, static_cast<cudaStream_t>(current_stream()));
+    if (st != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error("pointwise: the launch failed: ", cudaGetErrorString(st));
+    }
+    return true;
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+}  // namespace tg::backend::cuda

@@ -1,0 +1,91 @@
+// tg::pointwise's GPU half (Note [pointwise kernels through NVRTC]): the expression printed as CUDA source, the
+// generated translation units compiled by NVRTC for every element type (no GPU needed: this runs in CI), and,
+// on a GPU, the generated kernels against the CPU's fused loop, forward and gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <typegrad/detail/cuda/pointwise.hpp>
+#include <typegrad/ops/pointwise.hpp>
+#include <typegrad/typegrad.hpp>
+
+#include "cuda/gpu_skip.hpp"
+
+namespace {
+
+using namespace tg::pw;
+namespace cu = tg::backend::cuda;
+
+const auto kExpr = tanh(_0 * 0.5 + _1) * _2 + sigmoid(_0) / (1.0 + exp(-_1)) - sqrt(_2) * relu(_0) + log(_2) / 3.0;
+
+TEST(PointwiseNvrtc, AnExpressionPrintsAsCudaSource) {
+  EXPECT_EQ(source(tanh(_0 * 0.5 + _1)), "(tg_tanh(((x0 * tg_lit<S>(0.5)) + x1)))");
+  EXPECT_EQ(source(-_2 / 3.0), "((-(x2)) / tg_lit<S>(3))");
+  EXPECT_EQ(source(relu(_0) - sigmoid(_1)), "((tg_relu(x0)) - (tg_sigmoid(x1)))");
+  EXPECT_EQ(source(_0 * 0.1), "(x0 * tg_lit<S>(0.10000000000000001))");  // every bit of the double
+  EXPECT_NE(source(_0 + std::numeric_limits<double>::infinity()).find("__longlong_as_double("), std::string::npos);
+}
+
+TEST(PointwiseNvrtc, GeneratedKernelsCompileForEveryFloatingType) {
+  for (const tg::DType d : {tg::DType::f32, tg::DType::f64, tg::DType::bf16, tg::DType::f16}) {
+    for (const bool backward : {false, true}) {
+      const std::string src = cu::pointwise_source(d, 3, source(kExpr), backward);
+      std::string ptx;
+      ASSERT_NO_THROW(ptx = cu::pointwise_ptx(src)) << tg::dtype_name(d) << (backward ? " backward" : " forward");
+      EXPECT_NE(ptx.find(backward ? "tg_pw_bwd" : "tg_pw_fwd"), std::string::npos) << tg::dtype_name(d);
+    }
+  }
+  // one input, a non-finite literal, the largest operand count
+  EXPECT_NO_THROW(cu::pointwise_ptx(cu::pointwise_source(tg::DType::f32, 1, source(exp(_0) + -std::numeric_limits<double>::infinity()), true)));
+  EXPECT_NO_THROW(cu::pointwise_ptx(cu::pointwise_source(tg::DType::bf16, 7, source(_0 + _1 * _2 - _3 / _4 + _5), true)));
+}
+
+TEST(PointwiseNvrtc, BadSourceIsAnErrorWithTheCompilersLog) {
+  try {
+    cu::pointwise_ptx("extern \"C\" __global__ void tg_pw_fwd() { undeclared_name(); }");
+    FAIL() << "no error";
+  } catch (const tg::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("NVRTC could not compile"), std::string::npos) << what;
+    EXPECT_NE(what.find("undeclared_name"), std::string::npos) << what;
+  }
+  EXPECT_THROW(cu::pointwise_source(tg::DType::i64, 1, "x0", false), tg::Error);
+  EXPECT_THROW(cu::pointwise_source(tg::DType::f32, 8, "x0", false), tg::Error);
+}
+
+template <class T>
+void compare_with_cpu(double tol) {
+  TG_SKIP_WITHOUT_GPU();
+  tg::Generator gen(5);
+  const tg::Tensor<float> a0 = tg::Tensor<float>::uniform({3, 40, 24}, -2.f, 2.f, gen),
+                          b0 = tg::Tensor<float>::uniform({24}, -1.f, 1.f, gen),
+                          c0 = tg::Tensor<float>::uniform({3, 40, 1}, 0.5f, 2.f, gen),
+                          u0 = tg::Tensor<float>::normal({3, 40, 24}, 0.f, 1.f, gen);
+  auto run = [&](auto device) {
+    using D = decltype(device);
+    tg::Tensor<T, D> a = a0.to<T>().template to<D>(), b = b0.to<T>().template to<D>(), c = c0.to<T>().template to<D>();
+    a.requires_grad_();
+    b.requires_grad_();
+    c.requires_grad_();
+    const tg::Tensor<T, D> y = tg::pointwise(kExpr, a, b, c);
+    EXPECT_STREQ(y.autograd_meta()->producer->op(), "pointwise");  // the generated kernel, not tensor ops
+    y.backward(u0.to<T>().template to<D>());
+    auto host = [](const tg::Tensor<T, D>& t) { return t.detach().template to<tg::fp32>().template to<tg::cpu>().to_vector(); };
+    return std::vector<std::vector<float>>{host(y), host(a.grad()), host(b.grad()), host(c.grad())};
+  };
+  const auto cpu = run(tg::cpu{}), gpu = run(tg::cuda{});
+  const char* what[] = {"y", "da", "db", "dc"};
+  for (std::size_t t = 0; t < cpu.size(); ++t) {
+    ASSERT_EQ(cpu[t].size(), gpu[t].size());
+    double scale = 1e-30;
+    for (float v : cpu[t]) scale = std::max(scale, std::abs(double(v)));
+    for (std::size_t i = 0; i < cpu[t].size(); ++i)
+      ASSERT_NEAR(gpu[t][i], cpu[t][i], tol * scale) << what[t] << " at " << i << " in " << tg::dtype_traits<T>::name;
+  }
+}
+TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInFp32) { compare_with_cpu<float>(1e-5); }
+TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInBf16) { compare_with_cpu<tg::bf16>(2e-2); }
+
+}  // namespace
