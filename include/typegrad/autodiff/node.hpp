@@ -61,8 +61,7 @@ void accumulate_grad(AutogradMeta<T, D>& meta, const Tensor<T, D>& g, const Shap
     return;
   }
   const Tensor<T, D> c = g.contiguous_raw();
-  if constexpr (std::is_same_v<D, cpu>) backend::cpu::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
-  else backend::cuda::add_inplace<T>(meta.grad.data(), c.data(), c.numel());
+  TG_BACKEND(D, add_inplace<T>(meta.grad.data(), c.data(), c.numel()));
 }
 
 template <class X>

@@ -373,6 +373,34 @@ void pointwise_for(std::int64_t n, Body body) {
   for (std::int64_t p = 0; p < pieces; ++p) body(p * kPiece, std::min(n, (p + 1) * kPiece));
 }
 
+/// The inputs of one pointwise call: detached (views, no copies), their shapes, and the broadcast output shape.
+template <Element T, Device D, std::size_t K>
+struct PointwiseInputs {
+  std::array<Tensor<T, D>, K> x;
+  std::array<Shape, K> shapes;
+  Shape shape;
+};
+template <Element T, Device D, std::size_t K>
+PointwiseInputs<T, D, K> pointwise_inputs(const std::array<Tensor<T, D>, K>& xs) {
+  PointwiseInputs<T, D, K> in;
+  in.shape = xs[0].shape();
+  for (std::size_t i = 1; i < K; ++i) in.shape = broadcast_shapes(in.shape, xs[i].shape(), "pointwise");
+  for (std::size_t i = 0; i < K; ++i) {
+    in.x[i] = xs[i].detach();
+    in.shapes[i] = in.x[i].shape();
+  }
+  return in;
+}
+
+/// The backward's result: each needed input's gradient over the output's shape, summed back to the input's shape.
+template <Element T, Device D, std::size_t K, class Need>
+auto pointwise_grads(const std::array<Tensor<T, D>, K>& full, const Need& need, const std::array<Shape, K>& shapes) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple{(need[I] ? (full[I].shape() == shapes[I] ? full[I] : sum_to_shape(full[I], shapes[I]))
+                               : Tensor<T, D>())...};
+  }(std::make_index_sequence<K>{});
+}
+
 /// The launch arguments of a generated kernel: the inputs at their strides over `shape` (0 where broadcast).
 template <Element T, Device D, std::size_t K>
 backend::cuda::PointwiseArgs pointwise_args(const std::array<Tensor<T, D>, K>& in, const Shape& shape) {
@@ -392,18 +420,12 @@ backend::cuda::PointwiseArgs pointwise_args(const std::array<Tensor<T, D>, K>& i
 /// undefined when the kernel is unavailable (said once on stderr): the caller runs tensor ops.
 template <class E, FloatingElement T, Device D, std::size_t K>
 Tensor<T, D> pointwise_cuda(const E& expr, const std::array<Tensor<T, D>, K>& xs) {
-  Shape shape = xs[0].shape();
-  for (std::size_t i = 1; i < K; ++i) shape = broadcast_shapes(shape, xs[i].shape(), "pointwise");
-  std::array<Tensor<T, D>, K> in;
-  std::array<Shape, K> in_shapes;
-  for (std::size_t i = 0; i < K; ++i) {
-    in[i] = xs[i].detach();
-    in_shapes[i] = in[i].shape();
-  }
+  const PointwiseInputs<T, D, K> p = pointwise_inputs(xs);
+  const Shape& shape = p.shape;
   const std::string body = pw::source(expr);
   const std::string fwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, false);
   Tensor<T, D> out = Tensor<T, D>::empty(shape);
-  backend::cuda::PointwiseArgs a = pointwise_args(in, shape);
+  backend::cuda::PointwiseArgs a = pointwise_args(p.x, shape);
   a.out[0] = out.data();
   std::string why;
   if (!backend::cuda::pointwise_run(fwd, false, a, &why)) {
@@ -414,7 +436,7 @@ Tensor<T, D> pointwise_cuda(const E& expr, const std::array<Tensor<T, D>, K>& xs
     }
     return Tensor<T, D>();
   }
-  auto backward = [body, in_shapes, shape](PointwiseSaved<T, K, D>& s, const Tensor<T, D>& dout, auto need) {
+  auto backward = [body, in_shapes = p.shapes, shape](PointwiseSaved<T, K, D>& s, const Tensor<T, D>& dout, auto need) {
     const Tensor<T, D> g = dout.contiguous_raw();
     std::array<Tensor<T, D>, K> full;
     backend::cuda::PointwiseArgs b = pointwise_args(s.x, shape);
@@ -427,13 +449,10 @@ Tensor<T, D> pointwise_cuda(const E& expr, const std::array<Tensor<T, D>, K>& xs
     const std::string bwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, true);
     std::string why;
     TG_CHECK(backend::cuda::pointwise_run(bwd, true, b, &why), "pointwise backward: ", why);
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::tuple{(need[I] ? (full[I].shape() == in_shapes[I] ? full[I] : sum_to_shape(full[I], in_shapes[I]))
-                                 : Tensor<T, D>())...};
-    }(std::make_index_sequence<K>{});
+    return pointwise_grads(full, need, in_shapes);
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    autodiff::record("pointwise", out, PointwiseSaved<T, K, D>{in}, backward, xs[I]...);
+    autodiff::record("pointwise", out, PointwiseSaved<T, K, D>{p.x}, backward, xs[I]...);
   }(std::make_index_sequence<K>{});
   return out;
 }
@@ -453,15 +472,11 @@ Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... res
     }
     return pw::eval_ops(expr, xs);  // Note [pointwise kernels through NVRTC]: tensor ops when NVRTC is unavailable
   } else {
-    Shape shape = x0.shape();
-    for (std::size_t i = 1; i < K; ++i) shape = broadcast_shapes(shape, xs[i].shape(), "pointwise");
-    std::array<Tensor<T, cpu>, K> in;
-    std::array<Shape, K> in_shapes, strides;
-    for (std::size_t i = 0; i < K; ++i) {
-      in[i] = xs[i].detach();
-      in_shapes[i] = in[i].shape();
-      strides[i] = in[i].expand(shape).strides();  // 0 along broadcast dims (a view: nothing copied)
-    }
+    const detail::PointwiseInputs<T, cpu, K> p = detail::pointwise_inputs(xs);
+    const Shape& shape = p.shape;
+    const std::array<Tensor<T, cpu>, K>& in = p.x;
+    std::array<Shape, K> strides;
+    for (std::size_t i = 0; i < K; ++i) strides[i] = in[i].expand(shape).strides();  // 0 where broadcast (a view)
     const detail::BroadcastWalk<K> walk(shape, strides);
     Tensor<T, cpu> out = Tensor<T, cpu>::empty(shape);
     using A = accum_t<T>;
@@ -473,7 +488,8 @@ Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... res
         o[j] = scalar_cast<T>(pw::eval(expr, v));
       });
     });
-    auto backward = [expr, in_shapes, walk](detail::PointwiseSaved<T, K>& s, const Tensor<T, cpu>& dout, auto need) {
+    auto backward = [expr, in_shapes = p.shapes, walk](detail::PointwiseSaved<T, K>& s, const Tensor<T, cpu>& dout,
+                                                        auto need) {
       const Tensor<T, cpu> g = dout.contiguous_raw();
       std::array<Tensor<T, cpu>, K> full;  // each input's gradient over the output's shape
       for (std::size_t i = 0; i < K; ++i)
@@ -492,10 +508,7 @@ Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... res
             if (need[i]) full[i].data()[j] = scalar_cast<T>(gj * r.d[i]);
         });
       });
-      return [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple{(need[I] ? (full[I].shape() == in_shapes[I] ? full[I] : sum_to_shape(full[I], in_shapes[I]))
-                                   : Tensor<T, cpu>())...};
-      }(std::make_index_sequence<K>{});
+      return detail::pointwise_grads(full, need, in_shapes);
     };
     autodiff::record("pointwise", out, detail::PointwiseSaved<T, K>{in}, backward, x0, rest...);
     return out;
