@@ -186,6 +186,20 @@ void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, co
   unary_forward<T>(math::Unary::gelu_tanh, pre, Shape{N, 1}, y, Shape{M, N});
 }
 
+template <class T>
+void linear_weight_grad(const T* dy, const T* x, std::int64_t xrs, std::int64_t xcs, T* dw, T* db, std::int64_t M,
+                        std::int64_t N, std::int64_t K) {
+  // linear's backward as it was written before the kernel existed: the same GEMM and reduction, so the same bits.
+  if (dw) matmul_strided<T>(dy, {1, N}, x, {xrs, xcs}, dw, {K, 1}, Shape(), N, K, M);
+  if (db) reduce_sum<T>(dy, db, 1, M, N);
+}
+
+template <class T>
+bool linear_gelu_input_grad(const T*, const T*, std::int64_t, std::int64_t, const T*, T*, T*, std::int64_t, std::int64_t,
+                            std::int64_t) {
+  return false;  // the op runs the composite's kernels (bit for bit the unfused ops)
+}
+
 TG_INSTANTIATE_KERNELS(TG_KERNELS_MATMUL, TG_FLOATING_TYPES)
 
 }  // namespace tg::backend::cpu

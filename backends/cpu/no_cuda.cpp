@@ -25,9 +25,10 @@ int device_count() { return 0; }
 std::string device_description() { return "no CUDA backend in this build"; }
 void set_device(int) { no_backend("set_device"); }
 void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_host_to_device"); }
-std::string pointwise_source(DType, int, const std::string&, bool) { no_backend("pointwise_source"); }
+std::string pointwise_source(DType, int, const std::string&) { no_backend("pointwise_source"); }
 std::string pointwise_ptx(const std::string&) { no_backend("pointwise_ptx"); }
 bool pointwise_run(const std::string&, bool, const PointwiseArgs&, std::string*) { no_backend("pointwise_run"); }
+std::int64_t pointwise_compiles() { return 0; }
 void copy_device_to_host(void*, const void*, std::size_t) { no_backend("copy_device_to_host"); }
 void copy_device_to_device(void*, const void*, std::size_t) { no_backend("copy_device_to_device"); }
 void synchronize() { no_backend("synchronize"); }
@@ -52,6 +53,8 @@ void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without C
 }
 bool allow_tf32() { return false; }
 std::int64_t gelu_epilogue_calls() { return 0; }
+std::int64_t bgrad_epilogue_calls() { return 0; }
+std::int64_t dgelu_epilogue_calls() { return 0; }
 std::int64_t padded_gemm_calls() { return 0; }
 std::int64_t flash_attention_calls() { return 0; }
 void set_flash_attention(bool enabled) {

@@ -1,8 +1,10 @@
 // The caching device allocator: the same size classes and statistics as the CPU one (Note [caching
 // allocator]); freed blocks are kept for reuse, so a training loop stops calling cudaMalloc after step one.
-// One free list per stream (Note [CUDA streams]): a block goes back to the list of the stream that was
-// current when it was allocated, and an allocation takes blocks only from its current stream's list.
+// One free list per device and stream (Note [CUDA streams]): a block goes back to the list of the device and
+// stream that were current when it was allocated, and an allocation takes blocks only from its current
+// device's and stream's list (the legacy default stream is one handle on every device).
 #include <map>
+#include <utility>
 #include <mutex>
 
 #include "check.cuh"
@@ -16,12 +18,12 @@ class CachingDeviceAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes) override {
     const std::size_t size = CachingHostAllocator::round_size(bytes);
-    void* const stream = backend::cuda::current_stream();
+    const Key key{current_device(), backend::cuda::current_stream()};
     std::lock_guard lock(mu_);
     ++stats_.allocations;
     std::size_t got = size;
     void* p = nullptr;
-    auto& free = free_[stream];
+    auto& free = free_[key];
     auto it = free.lower_bound(size);
     if (it != free.end() && it->first <= 2 * size) {
       got = it->first;
@@ -40,7 +42,7 @@ class CachingDeviceAllocator final : public Allocator {
       ++stats_.system_allocations;
       stats_.bytes_reserved += static_cast<std::int64_t>(size);
     }
-    blocks_[p] = {got, stream};
+    blocks_[p] = {got, key};
     stats_.bytes_in_use += static_cast<std::int64_t>(got);
     if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
     return p;
@@ -51,7 +53,7 @@ class CachingDeviceAllocator final : public Allocator {
     auto it = blocks_.find(ptr);
     if (it == blocks_.end()) return;
     stats_.bytes_in_use -= static_cast<std::int64_t>(it->second.size);
-    free_[it->second.stream].emplace(it->second.size, ptr);
+    free_[it->second.key].emplace(it->second.size, ptr);
     blocks_.erase(it);
   }
   AllocatorStats stats() const override {
@@ -69,22 +71,42 @@ class CachingDeviceAllocator final : public Allocator {
   std::string name() const override { return "cuda caching allocator"; }
 
  private:
+  using Key = std::pair<int, void*>;  // (device, stream)
+  static int current_device() {
+    int d = 0;
+    TG_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+  }
   void release_cache_locked() {
-    for (auto& [stream, free] : free_)
-      for (auto& [size, p] : free) {
-        cudaFree(p);  // waits for the device's pending work
+    // A free block may still be read or written by work queued before it was freed (its stream's later
+    // allocations are ordered after that work; cudaFree is not documented to wait for it): each device
+    // with cached blocks finishes its work first.
+    const int current = current_device();
+    int synced = -1;
+    for (auto& [key, free] : free_) {
+      if (free.empty()) continue;
+      if (key.first != synced) {
+        TG_CUDA_CHECK(cudaSetDevice(key.first));
+        TG_CUDA_CHECK(cudaDeviceSynchronize());
+        synced = key.first;
+      }
+      const auto blocks = std::exchange(free, {});  // out of the list before any free can throw
+      for (const auto& [size, p] : blocks) {
         stats_.bytes_reserved -= static_cast<std::int64_t>(size);
         ++stats_.system_frees;
+        TG_CUDA_CHECK(cudaFree(p));
       }
+    }
     free_.clear();
+    TG_CUDA_CHECK(cudaSetDevice(current));
   }
   struct Block {
     std::size_t size;
-    void* stream;  // current when the block was allocated; its free list
+    Key key;  // current when the block was allocated; its free list
   };
   mutable std::mutex mu_;
-  std::map<void*, std::multimap<std::size_t, void*>> free_;  // per stream: size -> block
-  std::map<void*, Block> blocks_;                             // blocks in use
+  std::map<Key, std::multimap<std::size_t, void*>> free_;  // per (device, stream): size -> block
+  std::map<void*, Block> blocks_;                           // blocks in use
   AllocatorStats stats_;
 };
 

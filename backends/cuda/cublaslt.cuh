@@ -30,14 +30,15 @@ template <std::size_t N>
 class LtAlgoCache {
  public:
   using Key = std::array<std::int64_t, N>;
-  /// The answer for `key`: `ask(result, found)` runs the heuristic the first time (found = 0, "no algorithm",
-  /// is kept as an answer too), later calls copy what it gave.
+  /// The answer for `key`: `ask(result, found)` runs the heuristic until it gives a definitive answer (it
+  /// returns ask_status's verdict: an algorithm, or "not supported", is kept; a transient failure such as
+  /// an allocation error answers this call with found = 0 and is asked again next time), later calls copy it.
   template <class Ask>
   void get(const Key& key, cublasLtMatmulHeuristicResult_t& result, int& found, Ask&& ask) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = answers_.find(key);
     if (it == answers_.end()) {
-      ask(result, found);
+      if (!ask(result, found)) return;
       it = answers_.emplace(key, Answer{result, found}).first;
     }
     result = it->second.result;
@@ -52,5 +53,12 @@ class LtAlgoCache {
   std::mutex mu_;
   std::map<Key, Answer> answers_;
 };
+
+/// The heuristic's status as an answer for LtAlgoCache: found = 0 unless it succeeded; true (keep it) for success
+/// and for CUBLAS_STATUS_NOT_SUPPORTED ("no algorithm for this configuration"), false for anything else.
+inline bool ask_status(cublasStatus_t st, int& found) {
+  if (st != CUBLAS_STATUS_SUCCESS) found = 0;
+  return st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED;
+}
 
 }  // namespace tg::backend::cuda::detail

@@ -5,6 +5,7 @@
 // "composite".
 #include <mma.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -199,10 +200,12 @@ __global__ void __launch_bounds__(kBlockThreads) flash_forward_kernel(const T* q
         const std::int64_t j = k0 + c;
         const bool ok = j < Tn && (!causal || j <= i);
         sv[t] = ok ? ss[row * C + c] * scale : -INFINITY;
-        mx = fmaxf(mx, sv[t]);
+        mx = (sv[t] > mx || sv[t] != sv[t]) ? sv[t] : mx;  // NaN wins and stays (fmaxf would drop it)
       }
       mx = detail::warp_max(mx);
-      const float m_old = ms[row], m_new = fmaxf(m_old, mx);
+      // A NaN score makes the row NaN, as in the composite and on the CPU: with fmaxf a NaN in a row whose
+      // other keys are masked gave m_new = -inf, and the row was treated as having no valid key (output 0).
+      const float m_old = ms[row], m_new = (mx != mx || m_old != m_old) ? NAN : fmaxf(m_old, mx);
       // a row with no valid key so far (only rows past Tn): keep everything at zero
       const float alpha = m_new == -INFINITY ? 1.f : __expf(m_old - m_new);
       float sum = 0.f;  // of the unrounded values: lse is the exact log-sum-exp, as the composite's
@@ -468,8 +471,30 @@ bool aligned16(const P*... p) {
   return ((reinterpret_cast<std::uintptr_t>(p) % 16 == 0) && ...);
 }
 
-bool usable(std::int64_t BH, std::int64_t Tn, std::int64_t hs) {
-  return BH > 0 && Tn > 0 && (hs == 64 || hs == 128) && BH <= 65535 && flash_enabled().load();
+/// The dynamic shared memory a block may opt in to on the current device (cached per device ordinal below 64).
+std::size_t smem_optin_limit() {
+  static std::atomic<int> limits[64] = {};
+  int dev = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached)
+    if (const int v = limits[dev].load(); v > 0) return static_cast<std::size_t>(v);
+  int v = 0;
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (cached) limits[dev].store(v);
+  return static_cast<std::size_t>(v);
+}
+
+/// Whether the fused kernels may run. Their tiles need up to 137 KiB of shared memory per block (hs 128's
+/// backward; Note [flash attention on the GPU]): GPUs that allow less (99 KiB on sm_86 / sm_89 / sm_120) run
+/// the composite for the kernels that do not fit, forward and backward deciding separately (their lse
+/// agree).
+bool usable(std::int64_t BH, std::int64_t Tn, std::int64_t hs, bool backward) {
+  if (!(BH > 0 && Tn > 0 && (hs == 64 || hs == 128) && BH <= 65535 && flash_enabled().load())) return false;
+  const std::size_t need =
+      backward ? (hs == 64 ? std::max(DkvSmem<64>::bytes, DqSmem<64>::bytes) : std::max(DkvSmem<128>::bytes, DqSmem<128>::bytes))
+               : (hs == 64 ? FwdSmem<64>::bytes : FwdSmem<128>::bytes);
+  return need <= smem_optin_limit();
 }
 
 }  // namespace
@@ -509,7 +534,7 @@ bool flash_attention_forward(const T* q, const T* k, const T* v, T* out, accum_t
   if constexpr (!kSixteenBit<T>) {
     return false;
   } else {
-    if (!usable(BH, Tn, hs) || !aligned16(q, k, v, out)) return false;
+    if (!usable(BH, Tn, hs, false) || !aligned16(q, k, v, out)) return false;
     const Heads l{Tn * hs, 0, hs};  // BH heads of [Tn, hs], one after another
     return forward_any<T>(q, k, v, l, out, l, lse, BH, 1, Tn, hs, scale, causal);
   }
@@ -522,7 +547,7 @@ bool flash_attention_backward(const T* q, const T* k, const T* v, const T* out, 
   if constexpr (!kSixteenBit<T>) {
     return false;
   } else {
-    if (!usable(BH, Tn, hs) || !aligned16(q, k, v, out, dout, dq, dk, dv)) return false;
+    if (!usable(BH, Tn, hs, true) || !aligned16(q, k, v, out, dout, dq, dk, dv)) return false;
     const Heads l{Tn * hs, 0, hs};
     return backward_any<T>(q, k, v, l, out, dout, l, lse, dq, dk, dv, BH, 1, Tn, hs, scale, causal);
   }
@@ -536,7 +561,7 @@ bool flash_attention_qkv_forward(const T* qkv, T* out, accum_t<T>* lse, std::int
   } else {
     const std::int64_t C = H * hs;
     const Heads in{Tn * 3 * C, hs, 3 * C}, io{Tn * C, hs, C};
-    if (!usable(B * H, Tn, hs) || !aligned16(qkv, out) || !strides16(in) || !strides16(io)) return false;
+    if (!usable(B * H, Tn, hs, false) || !aligned16(qkv, out) || !strides16(in) || !strides16(io)) return false;
     return forward_any<T>(qkv, qkv + C, qkv + 2 * C, in, out, io, lse, B, H, Tn, hs, scale, true);
   }
 }
@@ -549,7 +574,7 @@ bool flash_attention_qkv_backward(const T* qkv, const T* out, const T* dout, con
   } else {
     const std::int64_t C = H * hs;
     const Heads in{Tn * 3 * C, hs, 3 * C}, io{Tn * C, hs, C};
-    if (!usable(B * H, Tn, hs) || !aligned16(qkv, out, dout, dqkv) || !strides16(in) || !strides16(io)) return false;
+    if (!usable(B * H, Tn, hs, true) || !aligned16(qkv, out, dout, dqkv) || !strides16(in) || !strides16(io)) return false;
     return backward_any<T>(qkv, qkv + C, qkv + 2 * C, in, out, dout, io, lse, dqkv, dqkv + C, dqkv + 2 * C, B, H, Tn, hs,
                            scale, true);
   }

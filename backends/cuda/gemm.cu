@@ -36,6 +36,8 @@ namespace {
 
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<std::int64_t> g_gelu_epilogue_calls{0};
+std::atomic<std::int64_t> g_bgrad_epilogue_calls{0};
+std::atomic<std::int64_t> g_dgelu_epilogue_calls{0};
 std::atomic<std::int64_t> g_padded_gemm_calls{0};  // Note [16-byte aligned GEMM operands]
 
 // ---- handles and workspaces (one device, created on first use) ----------------------------------------
@@ -98,12 +100,20 @@ struct Gemm {
   std::int64_t sa = 0, sb = 0, sc = 0, batch = 1;  // batch strides in elements
 };
 
-/// GELU epilogue request: D = gelu_tanh(A·B (+ bias)) and aux = A·B (+ bias), aux with leading dim `ld`
-/// in the column-major view (Note [row-major GEMMs on column-major cuBLAS]: the row-major [M, N] pre
-/// buffer is the column-major [N, M] matrix with ld N).
-struct GeluAux {
+/// Epilogue work only cuBLASLt does. With one, run_gemm returns false (having written nothing) when Lt has no
+/// algorithm for the call or the call would need realigning copies, and the caller runs the composite.
+///   gelu_aux: D = gelu_tanh(A·B (+ bias)) and aux = A·B (+ bias)                       (GELU_AUX(_BIAS))
+///   dgelu:    D = (A·B) · gelu_tanh'(aux), and bias_grad[n] = Σ_m D[m, n] if given      (DGELU(_BGRAD))
+///   bgradb:   D = A·B and bias_grad = the sums over cuBLAS's k of its B operand, which is our A: in
+///             dW = dYᵀ·X (A = dYᵀ [N, M]), bias_grad[n] = Σ_m dY[m, n]                  (BGRADB)
+/// aux has leading dim `ld` in the column-major view (Note [row-major GEMMs on column-major cuBLAS]: the
+/// row-major [M, N] buffer is the column-major [N, M] matrix with ld N); bias_grad has N elements of C's type.
+struct Epilogue {
+  enum class Kind { gelu_aux, dgelu, bgradb };
+  Kind kind = Kind::gelu_aux;
   void* aux = nullptr;
   std::int64_t ld = 0;
+  void* bias_grad = nullptr;
 };
 
 // Note [cached GEMM algorithms]
@@ -186,14 +196,15 @@ void copy_rows_zero_padded(void* to, std::int64_t to_ld, std::int64_t padded_row
                                   static_cast<std::size_t>(padded_rows - rows) * pitch, stream));
 }
 
-/// Runs the GEMM; with `gelu` only through cuBLASLt's GELU_AUX(_BIAS) epilogue, and returns false
-/// (having written nothing) when Lt has no algorithm for it, so the caller can run the composite. Without
-/// `gelu` it always completes (cuBLAS and a bias kernel when Lt has no algorithm) and returns true.
+/// Runs the GEMM; with an epilogue `ep` only through cuBLASLt, returning false (having written nothing) when
+/// it cannot (see Epilogue), so the caller can run the composite. Without one it always completes (cuBLAS
+/// and a bias kernel when Lt has no algorithm) and returns true.
 template <class T, class TC>
 bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double beta, const T* bias = nullptr,
-              const GeluAux* gelu = nullptr) {
+              const Epilogue* ep = nullptr) {
+  if (ep && (g.M == 0 || g.N == 0 || g.K == 0 || g.batch != 1 || std::is_same_v<T, double> || beta != 0))
+    return false;
   if (g.M == 0 || g.N == 0 || g.batch == 0) return true;
-  if (gelu && (g.K == 0 || g.batch != 1)) return false;
   if (g.K == 0) {  // C = beta·C; only beta = 0 occurs here
     const cudaStream_t stream = detail::stream();
     for (std::int64_t i = 0; i < g.batch; ++i)
@@ -209,7 +220,7 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   static_assert(std::is_same_v<T, TC> || std::is_same_v<TC, acc_t<T>>);
   if constexpr (sizeof(T) == 2) {  // Note [16-byte aligned GEMM operands]
     const bool large = static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K) >= 0x1p30;
-    if (g.batch == 1 && !gelu && large) {
+    if (g.batch == 1 && large) {
       // Extents that are a row's width of a stored matrix (Trans::T keeps the transpose): N of C always, M
       // of a transposed A, K of a plain A or a transposed B. Those round up to 8 elements.
       constexpr std::int64_t kQuantum = 16 / sizeof(T);
@@ -229,6 +240,7 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
       const bool fix_b = !aligned16(b, g.ldb, sizeof(T)) || pb_rows != b_rows || pb_width != b_width;
       const bool fix_c = !aligned16(c, g.ldc, sizeof(TC)) || r.M != g.M || r.N != g.N;
       if (fix_a || fix_b || fix_c) {
+        if (ep) return false;  // the composite's GEMM realigns; an epilogue would need its aux and bias padded too
         const cudaStream_t stream = detail::stream();
         if (fix_a) r.lda = ld_rounded_to_16_bytes(pa_width, sizeof(T));
         if (fix_b) r.ldb = ld_rounded_to_16_bytes(pb_width, sizeof(T));
@@ -276,8 +288,15 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (gelu) epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  using Kind = Epilogue::Kind;
+  if (ep && ep->kind == Kind::gelu_aux) epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (ep && ep->kind == Kind::dgelu) epi = ep->bias_grad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  else if (ep && ep->kind == Kind::bgradb) epi = CUBLASLT_EPILOGUE_BGRADB;
   else if (bias) epi = CUBLASLT_EPILOGUE_BIAS;
+  TG_CHECK(!(bias && ep && ep->kind != Kind::gelu_aux), "cuda gemm: a bias with a gradient epilogue");
+  // The bias pointer attribute holds the bias (read) or, with a gradient epilogue, the bias gradient (written).
+  const void* bias_attr = ep && ep->kind != Kind::gelu_aux ? ep->bias_grad : bias;
+  const bool uses_aux = ep && ep->kind != Kind::bgradb;
   auto cleanup = [&] {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -291,15 +310,15 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (bias) {  // adds bias[row of C'] = bias[n] (before the GELU, with GELU_AUX_BIAS)
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (bias_attr) {  // bias[row of C'] = bias[n] (before the GELU, with GELU_AUX_BIAS), or its gradient
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_attr, sizeof bias_attr));
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type, sizeof c_type));
     }
-    if (gelu) {  // the GELU input (A·B + bias) goes to aux, in C's type (EPILOGUE_AUX_DATA_TYPE left unset)
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu->aux,
-                                                     sizeof gelu->aux));
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &gelu->ld,
-                                                     sizeof gelu->ld));
+    if (uses_aux) {  // the GELU input (A·B + bias), written or read, in C's type (EPILOGUE_AUX_DATA_TYPE left unset)
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux,
+                                                     sizeof ep->aux));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep->ld,
+                                                     sizeof ep->ld));
     }
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l1, ab_type, r1, c1, g.ldb));
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l2, ab_type, r2, c2, g.lda));
@@ -327,10 +346,10 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
     // cuBLAS path below takes any layout.
     const AlgoCache::Key key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
                          static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
-                         static_cast<std::int64_t>(epi), bias ? alignment(bias, 0) : 0,
-                         gelu ? alignment(gelu->aux, 0) : 0, gelu ? gelu->ld : 0};
+                         static_cast<std::int64_t>(epi), bias_attr ? alignment(bias_attr, 0) : 0,
+                         uses_aux ? alignment(ep->aux, 0) : 0, uses_aux ? ep->ld : 0};
     algo_cache().get(key, result, found, [&](cublasLtMatmulHeuristicResult_t& r, int& f) {
-      if (cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &r, &f) != CUBLAS_STATUS_SUCCESS) f = 0;
+      return detail::ask_status(cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &r, &f), f);
     });
     if (found > 0)
       TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo,
@@ -341,7 +360,7 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   }
   cleanup();
   if (found > 0) return true;
-  if (gelu) return false;  // cuBLAS has no GELU epilogue: the caller runs the composite
+  if (ep) return false;  // cuBLAS has no such epilogue: the caller runs the composite
 
   // The cuBLAS handle carries a stream and a workspace: set both, under a lock, for this call.
   std::lock_guard<std::mutex> lock(h.blas_mutex);
@@ -422,6 +441,8 @@ unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<s
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 std::int64_t gelu_epilogue_calls() { return g_gelu_epilogue_calls.load(); }
+std::int64_t bgrad_epilogue_calls() { return g_bgrad_epilogue_calls.load(); }
+std::int64_t dgelu_epilogue_calls() { return g_dgelu_epilogue_calls.load(); }
 std::int64_t padded_gemm_calls() { return g_padded_gemm_calls.load(); }
 
 // ---- matmul ---------------------------------------------------------------------------------------------------
@@ -478,7 +499,7 @@ void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, co
       operand(M, K, xrs, xcs, g.ta, g.lda, "x");
       operand(K, N, wcs, wrs, g.tb, g.ldb, "weight");  // wᵀ [K, N] has strides (wcs, wrs)
       g.ldc = N;
-      const GeluAux aux{pre, N};
+      const Epilogue aux{Epilogue::Kind::gelu_aux, pre, N, nullptr};
       if (run_gemm<T, T>(g, x, w, y, 1.0, 0.0, bias, &aux)) {
         g_gelu_epilogue_calls.fetch_add(1);
         return;
@@ -488,6 +509,62 @@ void linear_gelu_tanh_forward(const T* x, std::int64_t xrs, std::int64_t xcs, co
   // The composite: the GEMM (bias epilogue) into pre, then the gelu_tanh kernel gelu_tanh(x) runs.
   linear_forward<T>(x, xrs, xcs, w, wrs, wcs, bias, pre, M, N, K);
   unary_forward<T>(math::Unary::gelu_tanh, pre, Shape{N, 1}, y, Shape{M, N});
+}
+
+// Note [bias gradients in the weight GEMM]
+// linear's backward needs dW = dYᵀ·X and db = Σ_rows dY: two passes over dY (the GEMM's and reduce_sum's).
+// cuBLASLt's BGRADB epilogue sums the GEMM's B operand over its k dimension while the GEMM reads it; in the
+// column-major call dW' = X'·dY'ᵀ that operand is dY with k = the rows M, so the sums are db (N values, in
+// C's type, summed in the epilogue's fp32). Used for every linear with a bias (linear, linear_gelu_tanh on
+// dpre) when the element type is 16-bit or fp32, the operands need no realigning copies (Note [16-byte
+// aligned GEMM operands]) and the heuristic has an algorithm; otherwise, and always on the CPU, the GEMM
+// then reduce_sum. bgrad_epilogue_calls() counts the calls that took the epilogue. The sums are the
+// epilogue's own order, so db differs from reduce_sum's by rounding (fp32 accumulation both ways).
+template <class T>
+void linear_weight_grad(const T* dy, const T* x, std::int64_t xrs, std::int64_t xcs, T* dw, T* db, std::int64_t M,
+                        std::int64_t N, std::int64_t K) {
+  if (N == 0) return;
+  if (dw) {
+    Gemm g;  // dW [N, K] = dYᵀ [N, M] · X [M, K]
+    g.M = N;
+    g.N = K;
+    g.K = M;
+    operand(N, M, 1, N, g.ta, g.lda, "dy");
+    operand(M, K, xrs, xcs, g.tb, g.ldb, "x");
+    g.ldc = std::max<std::int64_t>(K, 1);
+    if (db) {
+      const Epilogue bgrad{Epilogue::Kind::bgradb, nullptr, 0, db};
+      if (run_gemm<T, T>(g, dy, x, dw, 1.0, 0.0, nullptr, &bgrad)) {
+        g_bgrad_epilogue_calls.fetch_add(1);
+        return;
+      }
+    }
+    run_gemm<T, T>(g, dy, x, dw, 1.0, 0.0);
+  }
+  if (db) reduce_sum<T>(dy, db, 1, M, N);
+}
+
+template <class T>
+bool linear_gelu_input_grad(const T* dy, const T* w, std::int64_t wrs, std::int64_t wcs, const T* pre, T* dpre, T* db,
+                            std::int64_t M, std::int64_t N, std::int64_t K) {
+  // cuBLASLt: the aux (GELU input) ld a multiple of 8 and >= N, the rows of the column-major D'; pre is
+  // contiguous, so its ld is N. fp64 keeps the composite.
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    if (M == 0 || N == 0 || K == 0 || N % 8 != 0) return false;
+    Gemm g;  // dh [M, N] = dY [M, K] · W [K, N]
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    operand(M, K, K, 1, g.ta, g.lda, "dy");
+    operand(K, N, wrs, wcs, g.tb, g.ldb, "weight");
+    g.ldc = N;
+    const Epilogue dgelu{Epilogue::Kind::dgelu, const_cast<T*>(pre), N, db};
+    if (!run_gemm<T, T>(g, dy, w, dpre, 1.0, 0.0, nullptr, &dgelu)) return false;
+    g_dgelu_epilogue_calls.fetch_add(1);
+    return true;
+  }
 }
 
 // ---- attention ------------------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ bool lt_gemm_tn(i64 Np, i64 M, i64 Kp, const std::int8_t* W, i64 ldw, const std:
   int found = 0;
   // "No algorithm" (a status or an empty answer) is an answer here: the caller runs the plain kernel.
   algo_cache().get(key, result, found, [&](cublasLtMatmulHeuristicResult_t& r, int& f) {
-    if (cublasLtMatmulAlgoGetHeuristic(h, d.desc, d.lw, d.la, d.lc, d.lc, d.pref, 1, &r, &f) != CUBLAS_STATUS_SUCCESS) f = 0;
+    return detail::ask_status(cublasLtMatmulAlgoGetHeuristic(h, d.desc, d.lw, d.la, d.lc, d.lc, d.pref, 1, &r, &f), f);
   });
   if (found <= 0) return false;
   std::optional<detail::Workspace> ws;

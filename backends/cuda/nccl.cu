@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "check.cuh"
+#include "common.cuh"
+#include "typegrad/core/dtype.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
 
 /// Checks an NCCL call: anything but ncclSuccess throws tg::Error naming the call and NCCL's message.
@@ -27,6 +29,30 @@ namespace tg::dist {
 namespace {
 
 using detail::total_count;
+
+/// b[i] *= s, rounded as the MPI communicator's average rounds it (src/dist/comm.cpp: the product in double
+/// of the element as a float, then to float, then to the element type).
+template <class T>
+__global__ void scale_kernel(T* b, std::int64_t n, double s) {
+  TG_GRID_STRIDE(i, n) {
+    if constexpr (std::is_same_v<T, double>) b[i] *= s;
+    else b[i] = T(static_cast<float>(static_cast<double>(static_cast<float>(b[i])) * s));
+  }
+}
+void scale_on(Buffer b, double s, cudaStream_t stream) {
+  if (b.count == 0) return;
+  const unsigned grid = backend::cuda::detail::grid_for(b.count);
+  const int threads = backend::cuda::detail::kThreads;
+  switch (b.dtype) {
+    case DType::f64: scale_kernel<<<grid, threads, 0, stream>>>(static_cast<double*>(b.data), b.count, s); break;
+    case DType::f32: scale_kernel<<<grid, threads, 0, stream>>>(static_cast<float*>(b.data), b.count, s); break;
+    case DType::bf16: scale_kernel<<<grid, threads, 0, stream>>>(static_cast<bf16*>(b.data), b.count, s); break;
+    case DType::f16: scale_kernel<<<grid, threads, 0, stream>>>(static_cast<fp16*>(b.data), b.count, s); break;
+    default: throw Error("dist: ReduceOp::avg needs a floating-point buffer, this one is ", dtype_name(b.dtype));
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
 cudaStream_t caller_stream() { return static_cast<cudaStream_t>(backend::cuda::current_stream()); }
 
 ncclDataType_t type_of(DType d) {
@@ -95,6 +121,7 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t rop = op_of("all_reduce", buf.dtype, op);
     return issue("all_reduce", [&] {
       TG_NCCL_CHECK(ncclAllReduce(buf.data, buf.data, static_cast<std::size_t>(buf.count), type_of(buf.dtype), rop, comm_, stream_));
+      if (op == ReduceOp::avg) scale_on(buf, 1.0 / size_, stream_);
     });
   }
 
@@ -112,6 +139,7 @@ class NcclCommunicator final : public Communicator {
     return issue("reduce_scatter", [&] {
       if (equal(counts)) {
         TG_NCCL_CHECK(ncclReduceScatter(send.data, recv.data, static_cast<std::size_t>(mine), type, rop, comm_, stream_));
+        if (op == ReduceOp::avg) scale_on(recv, 1.0 / size_, stream_);
         return;
       }
       group([&] {
@@ -123,6 +151,7 @@ class NcclCommunicator final : public Communicator {
           at += c;
         }
       });
+      if (op == ReduceOp::avg) scale_on(recv, 1.0 / size_, stream_);
     });
   }
 
@@ -194,12 +223,14 @@ class NcclCommunicator final : public Communicator {
     TG_CHECK(current == device_, "dist::", what, ": the NCCL communicator was made on CUDA device ", device_, ", the current device is ",
              current);
   }
-  // ReduceOp::avg is NCCL's sum divided by size(), as for MPI defined on floating-point buffers only.
+  // ReduceOp::avg is NCCL's sum, then one scale by 1/size() on the communicator's stream (scale_on), as the
+  // MPI communicator does; defined on floating-point buffers only. (ncclAvg multiplies each rank's input by
+  // 1/size() rounded to the element type before the sum: in bf16 a bias of 2^-9 for 3 ranks.)
   static ncclRedOp_t op_of(const char* what, DType d, ReduceOp op) {
     if (op == ReduceOp::sum) return ncclSum;
     TG_CHECK(d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16, "dist::", what,
              ": ReduceOp::avg needs a floating-point buffer, this one is ", dtype_name(d));
-    return ncclAvg;
+    return ncclSum;
   }
   bool equal(std::span<const std::int64_t> counts) const {
     for (auto c : counts)

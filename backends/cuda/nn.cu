@@ -23,13 +23,13 @@ int sm_count() {
   static std::atomic<int> cached[64] = {};
   int dev = 0;
   TG_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev].load(std::memory_order_relaxed) == 0) {
-    int n = 0;
-    TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return cached[dev].load(std::memory_order_relaxed);
+  const bool cache = dev >= 0 && dev < 64;  // higher ordinals ask every time
+  if (cache)
+    if (const int n = cached[dev].load(std::memory_order_relaxed); n > 0) return n;
+  int n = 0;
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  if (cache) cached[dev].store(n, std::memory_order_relaxed);
+  return n;
 }
 unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>(std::min<std::int64_t>(rows, kMaxRowBlocks)); }
 
@@ -153,8 +153,10 @@ __global__ void norm_backward_dx_kernel(const T* x, const T* w, const acc_t<T>* 
 // the warp has just loaded: cached), and each warp adding dy∘x̂ and dy to its own shared slice of the columns
 // (a lane owns the same columns in every row, so no two lanes touch one slot). At the end the block adds its
 // warps' slices in warp order into pw[block, :], pb[block, :], which the final kernel sums in block order:
-// deterministic for a given grid (the grid is a fixed multiple of the GPU's SM count, so one GPU model always
-// sums the same way). Other shapes take the two-kernel path.
+// deterministic for a given grid: the grid is a fixed multiple of the SM count the device reports (a MIG
+// slice reports its own), so results repeat run to run on one device configuration, and a 16-byte aligned
+// call and a misaligned view of the same values (which takes the two-kernel path) may round dw / db
+// differently. Other shapes take the two-kernel path.
 template <class T>
 struct alignas(16) Pack16 {
   T v[16 / sizeof(T)];
@@ -360,7 +362,9 @@ __global__ void cross_entropy_forward_packed_kernel(const T* logits, const std::
     if (threadIdx.x == 0) {
       A bm = shm_m[0], bs = shm_s[0];
       for (int q = 1; q < nw; ++q) lse_merge(bm, bs, shm_m[q], shm_s[q]);
-      const A l = bm + ::log(bs);
+      // An infinite maximum: the two-pass kernel and the CPU compute exp(±inf − (±inf)) = NaN there; the
+      // running pair would give ±inf. So the row's lse is NaN, as theirs.
+      const A l = (bm == A(INFINITY) || bm == A(-INFINITY)) ? A(NAN) : bm + ::log(bs);
       lse[r] = l;
       const std::int64_t t = targets[r];
       loss[r] = t == ignore_index ? A(0) : l - scalar_cast<A>(xr[t]);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "typegrad/core/error.hpp"
@@ -19,21 +20,25 @@ namespace tg::backend::cuda {
 
 // Note [pointwise kernels through NVRTC]
 // tg::pointwise's expression is a C++ type; the host compiler cannot instantiate a device kernel from it in a
-// program nvcc never sees. So the expression prints itself as CUDA source (x0 + tg_lit<S>(0.5), tg_tanh(...)),
+// program nvcc never sees. So the expression prints itself as CUDA source (x0 + tg_lit<S>(L[0]), tg_tanh(...)),
 // and this file wraps it into a translation unit: the scalar functions for float / double and for dual numbers
-// (the CPU's forward-mode derivatives, written again in CUDA), 16-bit loads and stores (bf16 by bit shifts with
-// the CPU's round-to-nearest-even and NaN rule, fp16 through cvt instructions: no CUDA headers, so NVRTC needs
+// (the CPU's forward-mode derivatives, written again in CUDA), 16-bit loads and stores written as dtype.hpp's
+// reference conversions in integer code (round-to-nearest-even, NaN payloads; no CUDA headers, so NVRTC needs
 // no include path), a grid-stride loop that splits each output index into the operands' strided offsets, and
-// `extern "C"` kernels tg_pw_fwd (one output) and tg_pw_bwd (one gradient per input over the output's shape,
-// from the output's gradient). NVRTC compiles it for the current GPU's architecture; the result is cached by
-// source and device for the process. Any failure (NVRTC, the library load) is returned, not thrown: the op
-// then runs as tensor ops, which compute the same function.
+// two `extern "C"` kernels: tg_pw_fwd (one output) and tg_pw_bwd (one gradient per input over the output's
+// shape, from the output's gradient). The expression's literals are a table in the launch arguments (L[k]),
+// not text, so an expression whose constants change from step to step (a temperature, a schedule's factor)
+// compiles once; past 16 literals the rest are written as their exact bits. NVRTC compiles the unit for the
+// current GPU's architecture and both kernels are loaded at the forward's first call, so a backward never
+// meets a load failure; the result, or the failure, is cached by source and device for the process. Any
+// failure (NVRTC, the library load, the launch) is returned, not thrown: the op then runs as tensor ops, which
+// compute the same function.
 
 namespace {
 
 const char* kPrelude = R"(
 typedef long long i64;
-struct TgArgs { const void* in[8]; void* out[8]; i64 n; i64 nd; i64 size[8]; i64 st[8][8]; };
+struct TgArgs { const void* in[8]; void* out[8]; i64 n; i64 nd; i64 size[8]; i64 st[8][8]; double lit[16]; };
 template <class A, int N> struct Dual { A v; A d[N]; };
 template <class A, int N> __device__ Dual<A, N> operator+(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v + b.v; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] + b.d[i]; return r; }
 template <class A, int N> __device__ Dual<A, N> operator-(Dual<A, N> a, Dual<A, N> b) { Dual<A, N> r; r.v = a.v - b.v; for (int i = 0; i < N; ++i) r.d[i] = a.d[i] - b.d[i]; return r; }
@@ -91,12 +96,23 @@ const char* storage_code(DType d) {
              "  else b = (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
              "  ((T*)p)[i] = b;\n"
              "}\n";
-    case DType::f16:
+    case DType::f16:  // dtype.hpp's fp16_bits_to_fp32 / fp32_to_fp16_bits, NaN payloads included
       return "typedef unsigned short T; typedef float A;\n"
-             "__device__ A tg_ld(const void* p, i64 i) { float f; unsigned short h = ((const T*)p)[i];\n"
-             "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
-             "__device__ void tg_st(void* p, i64 i, A v) { unsigned short h;\n"
-             "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(v)); ((T*)p)[i] = h; }\n";
+             "__device__ A tg_ld(const void* p, i64 i) {\n"
+             "  const unsigned h = ((const T*)p)[i], sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+             "  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));\n"
+             "  if (e == 0) return __uint_as_float(sign | __float_as_uint(__fmul_rn((float)m, 5.9604644775390625e-8f)));\n"
+             "  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));\n"
+             "}\n"
+             "__device__ void tg_st(void* p, i64 i, A v) {\n"
+             "  const unsigned x = __float_as_uint(v), sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;\n"
+             "  unsigned r;\n"
+             "  if (mag > 0x7f800000u) { unsigned pl = (mag >> 13) & 0x3ffu; if (pl == 0) pl = 0x200u; r = sign | 0x7c00u | pl; }\n"
+             "  else if (mag >= 0x477ff000u) r = sign | 0x7c00u;\n"
+             "  else if (mag < 0x38800000u) r = sign | (__float_as_uint(__fadd_rn(__uint_as_float(mag), 0.5f)) - 0x3f000000u);\n"
+             "  else r = sign | ((mag + 0x0fffu + ((mag >> 13) & 1u) - (112u << 23)) >> 13);\n"
+             "  ((T*)p)[i] = (unsigned short)r;\n"
+             "}\n";
     default:
       throw Error("pointwise: no GPU kernel for element type ", dtype_name(d));
   }
@@ -139,85 +155,118 @@ std::string compile(const std::string& source, const std::string& arch, bool cub
 
 struct Loaded {
   cudaLibrary_t library = nullptr;
-  cudaKernel_t kernel = nullptr;
+  cudaKernel_t fwd = nullptr, bwd = nullptr;
+  std::string failure;  // why the source cannot run on this device (then nothing is loaded)
 };
 std::mutex g_mutex;
-std::map<std::tuple<std::string, int, bool>, Loaded> g_loaded;  // never unloaded (process lifetime)
+std::int64_t g_compiles = 0;  // under g_mutex
+std::map<std::pair<std::string, int>, Loaded> g_loaded;  // never unloaded (process lifetime)
+
+/// The source compiled and loaded for device `dev`, both kernels; throws tg::Error when that fails.
+Loaded load(const std::string& source, int dev) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("pointwise: cudaGetDeviceProperties failed");
+  }
+  const std::string cubin = compile(source, "sm_" + std::to_string(p.major) + std::to_string(p.minor), true);
+  Loaded l;
+  cudaError_t st = cudaLibraryLoadData(&l.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (st != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("pointwise: cudaLibraryLoadData failed: ", cudaGetErrorString(st));
+  }
+  for (auto [kernel, name] : {std::pair{&l.fwd, "tg_pw_fwd"}, std::pair{&l.bwd, "tg_pw_bwd"}}) {
+    st = cudaLibraryGetKernel(kernel, l.library, name);
+    if (st != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaLibraryUnload(l.library);
+      throw Error("pointwise: cudaLibraryGetKernel(", name, ") failed: ", cudaGetErrorString(st));
+    }
+  }
+  return l;
+}
 
 }  // namespace
 
-std::string pointwise_source(DType dtype, int K, const std::string& expr, bool backward) {
+std::string pointwise_source(DType dtype, int K, const std::string& expr) {
   if (K < 1 || K > kPointwiseMaxOperands - 1) throw Error("pointwise: ", K, " inputs (the GPU kernel takes 1 to 7)");
   std::string s = kPrelude;
   s += storage_code(dtype);
-  std::string params, call;
+  std::string params, call = "g.lit";
   for (int k = 0; k < K; ++k) {
-    params += (k ? ", S x" : "S x") + std::to_string(k);
-    call += (k ? ", x" : "x") + std::to_string(k);
+    params += ", S x" + std::to_string(k);
+    call += ", x" + std::to_string(k);
   }
-  s += "template <class S> __device__ S tg_f(" + params + ") { return " + expr + "; }\n";
+  s += "template <class S> __device__ S tg_f(const double* L" + params + ") { return " + expr + "; }\n";
   const std::string Ks = std::to_string(K);
-  s += "extern \"C\" __global__ void " + std::string(backward ? "tg_pw_bwd" : "tg_pw_fwd") + "(TgArgs g) {\n";
-  s += "  const i64 stride = (i64)gridDim.x * blockDim.x;\n";
-  s += "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < g.n; i += stride) {\n";
-  s += "    i64 off[" + Ks + "];\n    tg_offsets(g, i, " + Ks + ", off);\n";
-  if (!backward) {
-    for (int k = 0; k < K; ++k) {
-      const std::string ks = std::to_string(k);
-      s += "    const A x" + ks + " = tg_ld(g.in[" + ks + "], off[" + ks + "]);\n";
+  for (const bool backward : {false, true}) {
+    s += "extern \"C\" __global__ void " + std::string(backward ? "tg_pw_bwd" : "tg_pw_fwd") + "(TgArgs g) {\n";
+    s += "  const i64 stride = (i64)gridDim.x * blockDim.x;\n";
+    s += "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < g.n; i += stride) {\n";
+    s += "    i64 off[" + Ks + "];\n    tg_offsets(g, i, " + Ks + ", off);\n";
+    if (!backward) {
+      for (int k = 0; k < K; ++k) {
+        const std::string ks = std::to_string(k);
+        s += "    const A x" + ks + " = tg_ld(g.in[" + ks + "], off[" + ks + "]);\n";
+      }
+      s += "    tg_st(g.out[0], i, tg_f<A>(" + call + "));\n";
+    } else {
+      for (int k = 0; k < K; ++k) {
+        const std::string ks = std::to_string(k);
+        s += "    Dual<A, " + Ks + "> x" + ks + "; x" + ks + ".v = tg_ld(g.in[" + ks + "], off[" + ks + "]);";
+        s += " for (int j = 0; j < " + Ks + "; ++j) x" + ks + ".d[j] = A(j == " + ks + ");\n";
+      }
+      s += "    const Dual<A, " + Ks + "> r = tg_f<Dual<A, " + Ks + "> >(" + call + ");\n";
+      s += "    const A dy = tg_ld(g.in[" + Ks + "], i);\n";
+      s += "    for (int k = 0; k < " + Ks + "; ++k) if (g.out[k]) tg_st(g.out[k], i, dy * r.d[k]);\n";
     }
-    s += "    tg_st(g.out[0], i, tg_f<A>(" + call + "));\n";
-  } else {
-    for (int k = 0; k < K; ++k) {
-      const std::string ks = std::to_string(k);
-      s += "    Dual<A, " + Ks + "> x" + ks + "; x" + ks + ".v = tg_ld(g.in[" + ks + "], off[" + ks + "]);";
-      s += " for (int j = 0; j < " + Ks + "; ++j) x" + ks + ".d[j] = A(j == " + ks + ");\n";
-    }
-    s += "    const Dual<A, " + Ks + "> r = tg_f<Dual<A, " + Ks + "> >(" + call + ");\n";
-    s += "    const A dy = tg_ld(g.in[" + Ks + "], i);\n";
-    s += "    for (int k = 0; k < " + Ks + "; ++k) if (g.out[k]) tg_st(g.out[k], i, dy * r.d[k]);\n";
+    s += "  }\n}\n";
   }
-  s += "  }\n}\n";
   return s;
 }
 
 std::string pointwise_ptx(const std::string& source) { return compile(source, "compute_80", false); }
 
+std::int64_t pointwise_compiles() {
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  return g_compiles;
+}
+
 bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs& args, std::string* why) {
   if (args.n == 0) return true;
   try {
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) throw Error("pointwise: cudaGetDevice failed");
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error("pointwise: cudaGetDevice failed");
+    }
     Loaded l;
     {
+      // NVRTC runs under the lock, once per source and device: other threads' first calls wait for it.
       const std::lock_guard<std::mutex> lock(g_mutex);
-      const auto key = std::make_tuple(source, dev, backward);
+      const auto key = std::make_pair(source, dev);
       auto it = g_loaded.find(key);
       if (it == g_loaded.end()) {
-        cudaDeviceProp p{};
-        if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) throw Error("pointwise: cudaGetDeviceProperties failed");
-        const std::string cubin = compile(source, "sm_" + std::to_string(p.major) + std::to_string(p.minor), true);
         Loaded fresh;
-        cudaError_t st = cudaLibraryLoadData(&fresh.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-        if (st != cudaSuccess) {
-          (void)cudaGetLastError();
-          throw Error("pointwise: cudaLibraryLoadData failed: ", cudaGetErrorString(st));
-        }
-        st = cudaLibraryGetKernel(&fresh.kernel, fresh.library, backward ? "tg_pw_bwd" : "tg_pw_fwd");
-        if (st != cudaSuccess) {
-          (void)cudaGetLastError();
-          throw Error("pointwise: cudaLibraryGetKernel failed: ", cudaGetErrorString(st));
+        ++g_compiles;
+        try {
+          fresh = load(source, dev);
+        } catch (const Error& e) {
+          fresh.failure = e.what();  // remembered: the next call falls back at once
         }
         it = g_loaded.emplace(key, fresh).first;
       }
       l = it->second;
     }
+    if (!l.failure.empty()) throw Error(l.failure);
     const int threads = 256;
     const long long blocks = std::min<long long>((args.n + threads - 1) / threads, 65535LL * 16);
     PointwiseArgs a = args;
     void* params[] = {&a};
-    const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(l.kernel), dim3(static_cast<unsigned>(blocks)),
-                                            dim3(threads), params, 0, static_cast<cudaStream_t>(current_stream()));
+    const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(backward ? l.bwd : l.fwd),
+                                            dim3(static_cast<unsigned>(blocks)), dim3(threads), params, 0,
+                                            static_cast<cudaStream_t>(current_stream()));
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
       throw Error("pointwise: the launch failed: ", cudaGetErrorString(st));

@@ -103,7 +103,8 @@ constexpr std::size_t kStagingCap = std::size_t{64} << 20;
 struct StagingBlock {
   void* host = nullptr;
   std::size_t bytes = 0;
-  cudaEvent_t done = nullptr;
+  cudaEvent_t done = nullptr;  // created on `device`: an event is recorded only on its own device's streams
+  int device = 0;
   bool in_flight = false;
 };
 std::mutex g_staging_mutex;
@@ -123,17 +124,21 @@ bool staging_free(StagingBlock& b) {
   return true;
 }
 
-/// A free pinned block of at least `bytes` (the smallest such), a new one, or null past kStagingCap.
+/// A free pinned block of the current device of at least `bytes` (the smallest such), a new one, or null past
+/// kStagingCap. (Pinned memory serves every device; the block's event belongs to one.)
 StagingBlock* staging_block(std::size_t bytes) {
+  int device = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device));
   StagingBlock* best = nullptr;
   for (StagingBlock& b : g_staging)
-    if (b.bytes >= bytes && (!best || b.bytes < best->bytes) && staging_free(b)) best = &b;
+    if (b.device == device && b.bytes >= bytes && (!best || b.bytes < best->bytes) && staging_free(b)) best = &b;
   if (best) return best;
   std::size_t size = 4096;
   while (size < bytes) size *= 2;
   if (g_staging_bytes + size > kStagingCap) return nullptr;
   StagingBlock b;
   b.bytes = size;
+  b.device = device;
   TG_CUDA_CHECK(cudaMallocHost(&b.host, size));
   TG_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
   g_staging_bytes += size;
@@ -149,7 +154,12 @@ void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
     if (StagingBlock* b = staging_block(bytes)) {
       std::memcpy(b->host, src, bytes);
       TG_CUDA_CHECK(cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, t_current_stream));
-      TG_CUDA_CHECK(cudaEventRecord(b->done, t_current_stream));
+      if (const cudaError_t st = cudaEventRecord(b->done, t_current_stream); st != cudaSuccess) {
+        // The copy may still be reading the block, and nothing marks its end: wait for it, so the block is
+        // free for the next upload, then report the failure.
+        (void)cudaStreamSynchronize(t_current_stream);
+        TG_CUDA_CHECK(st);
+      }
       b->in_flight = true;
       return;
     }

@@ -19,7 +19,9 @@ Tape& current_tape() { return t_current ? *t_current : t_root_tape; }
 TapeScope::TapeScope(Tape& tape) : previous_(t_current) { t_current = &tape; }
 TapeScope::~TapeScope() { t_current = previous_; }
 OpObserver*& op_observer() { return t_observer; }
+thread_local bool t_retaining_graph = false;
 bool grad_enabled() { return t_grad_enabled; }
+bool retaining_graph() { return t_retaining_graph; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 std::uint64_t next_tensor_id() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
 
@@ -48,6 +50,11 @@ void Tape::backward_from(const Node& last, bool retain_graph) {
     GradModeOff() { t_grad_enabled = false; }
     ~GradModeOff() { t_grad_enabled = previous; }
   } grad_mode_off;
+  struct Retaining {  // what retaining_graph() answers during this walk
+    bool previous = t_retaining_graph;
+    explicit Retaining(bool r) { t_retaining_graph = r; }
+    ~Retaining() { t_retaining_graph = previous; }
+  } retaining(retain_graph);
   if (t_observer) t_observer->on_backward();
   std::vector<std::shared_ptr<Node>> ran;
   for (auto rit = nodes_.rbegin(); rit != nodes_.rend(); ++rit) {

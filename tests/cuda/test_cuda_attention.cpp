@@ -105,6 +105,45 @@ TEST_F(CudaAttention, Fp16HeadSize128) {
   for (std::int64_t Tn : {1, 17, 64, 1000, 1024}) check<tg::fp16>(1, 2, Tn, 128);
 }
 
+// causal_attention_qkv reads the heads in place from the fused projection's (B, T, 3C) output on the fused
+// kernels (the packed layout's strides): output and dqkv against the CPU's fp32 op on the same rounded values.
+TEST_F(CudaAttention, PackedQkvRunsTheFusedKernels) {
+  for (std::int64_t Tn : {17, 1024}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << Tn);
+    const std::int64_t B = 2, H = 3, hs = 64, C = H * hs;
+    tg::Generator gen(static_cast<std::uint64_t>(Tn));
+    const auto qkv = rounded<tg::bf16>(tg::Tensor<float>::normal({B, Tn, 3 * C}, 0.f, 1.f, gen));
+    const auto u = rounded<tg::bf16>(tg::Tensor<float>::normal({B, Tn, C}, 0.f, 1.f, gen));
+    auto xr = qkv.detach().requires_grad_();
+    const auto yr = tg::causal_attention_qkv(xr, H);
+    yr.backward(u);
+    const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
+    auto xg = qkv.to<tg::bf16>().to<tg::cuda>().requires_grad_();
+    const auto yg = tg::causal_attention_qkv(xg, H);
+    yg.backward(u.to<tg::bf16>().to<tg::cuda>());
+    EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "the forward and the backward ran fused";
+    EXPECT_LE(rel_err(values(yg), values(yr)), 3e-2) << "out";
+    EXPECT_LE(rel_err(values(xg.grad()), values(xr.grad())), 3e-2) << "dqkv";
+  }
+}
+
+// A NaN in a query makes its row NaN, as in the composite and on the CPU, also where the row's only key is in
+// the first tile (row 0); the other heads stay finite.
+TEST_F(CudaAttention, NanInAQueryMakesItsRowNan) {
+  tg::Generator gen(8);
+  auto q = tg::Tensor<float>::normal({1, 2, 17, 64}, 0.f, 1.f, gen);
+  q.data()[0] = NAN;  // head 0, row 0
+  const auto kv = tg::Tensor<float>::normal({1, 2, 17, 64}, 0.f, 1.f, gen);
+  for (const bool fused : {true, false}) {
+    tg::backend::cuda::set_flash_attention(fused);
+    const auto y = values(tg::causal_attention(q.to<tg::bf16>().to<tg::cuda>(), kv.to<tg::bf16>().to<tg::cuda>(),
+                                               kv.to<tg::bf16>().to<tg::cuda>()));
+    for (std::size_t c = 0; c < 64; ++c) EXPECT_TRUE(std::isnan(y[c])) << (fused ? "fused" : "composite") << " column " << c;
+    for (std::size_t i = 17 * 64; i < y.size(); ++i) ASSERT_TRUE(std::isfinite(y[i])) << "head 1 at " << i;
+  }
+  tg::backend::cuda::set_flash_attention(true);
+}
+
 // Head sizes the kernels do not cover, and fp32, run the composite.
 TEST_F(CudaAttention, OtherHeadSizesAndFp32RunTheComposite) {
   tg::Generator gen(5);

@@ -12,6 +12,7 @@
 
 #include <typegrad/typegrad.hpp>
 
+#include "../../backends/cuda/cublaslt.cuh"
 #include "cuda/gpu_skip.hpp"
 
 namespace {
@@ -102,3 +103,33 @@ TEST_F(CudaPaddedGemm, BatchReducedWeightGradientAccumulatesIntoAPaddedBlock) {
 }
 
 }  // namespace
+
+// The cuBLASLt algorithm cache (backends/cuda/cublaslt.cuh) keeps definitive answers only: an algorithm, or
+// "not supported"; a transient failure (an allocation error) answers the call with no algorithm and asks again
+// the next time. Host code only: runs without a GPU.
+TEST(LtAlgoCache, KeepsDefinitiveAnswersAndAsksAgainAfterTransientFailures) {
+  tg::backend::cuda::detail::LtAlgoCache<2> cache;
+  cublasLtMatmulHeuristicResult_t r{};
+  int found = -1, asked = 0;
+  cublasStatus_t next = CUBLAS_STATUS_ALLOC_FAILED;
+  auto ask = [&](cublasLtMatmulHeuristicResult_t& res, int& f) {
+    ++asked;
+    f = 1;
+    res.workspaceSize = 64;
+    return tg::backend::cuda::detail::ask_status(next, f);
+  };
+  cache.get({1, 2}, r, found, ask);
+  EXPECT_EQ(found, 0) << "a failed heuristic call means no algorithm for this call";
+  next = CUBLAS_STATUS_SUCCESS;
+  cache.get({1, 2}, r, found, ask);
+  EXPECT_EQ(asked, 2) << "the transient failure was not kept";
+  EXPECT_EQ(found, 1);
+  cache.get({1, 2}, r, found, ask);
+  EXPECT_EQ(asked, 2) << "the algorithm was kept";
+  EXPECT_EQ(r.workspaceSize, 64u);
+  next = CUBLAS_STATUS_NOT_SUPPORTED;
+  cache.get({3, 4}, r, found, ask);
+  cache.get({3, 4}, r, found, ask);
+  EXPECT_EQ(asked, 3) << "not supported is an answer, kept";
+  EXPECT_EQ(found, 0);
+}

@@ -145,3 +145,80 @@ TEST_F(CudaLinearGelu, GptMlpTakesTheEpilogueOncePerBlock) {
 }
 
 }  // namespace
+
+// Note [bias gradients in the weight GEMM]: linear's bias gradient comes from the dW GEMM's BGRADB epilogue
+// (bgrad_epilogue_calls() counts it), in bf16 at GPT-2's c_fc shape and in fp32; db equals the column sums of
+// the upstream gradient (fp64 sums of the values the GPU read) to the output type's rounding, and dW the
+// CPU's GEMM. A frozen weight (no dW GEMM) still gets its bias gradient, from the reduction.
+template <class T>
+void check_bias_gradient(double rtol) {
+  tg::Generator gen(20261206);
+  const auto x = tg::Tensor<float>::normal({4, 64, 768}, 0.f, 1.f, gen).to<T>();
+  const auto w = tg::Tensor<float>::normal({3072, 768}, 0.f, 0.02f, gen).to<T>();
+  const auto b = tg::Tensor<float>::normal({3072}, 0.f, 0.1f, gen).to<T>();
+  const auto u = tg::Tensor<float>::normal({4, 64, 3072}, 0.f, 1.f, gen).to<T>();
+  std::vector<double> db_ref(3072, 0.0);
+  const auto uv = values(u);
+  for (std::size_t i = 0; i < uv.size(); ++i) db_ref[i % 3072] += uv[i];
+  // dW on the CPU from the same values
+  auto xc = x.detach().requires_grad_();
+  auto wc = w.detach().requires_grad_();
+  auto bc = b.detach().requires_grad_();
+  tg::linear(xc, wc, bc).backward(u);
+  const std::vector<double> dw_ref = values(wc.grad());
+
+  auto xg = x.template to<tg::cuda>().requires_grad_();
+  auto wg = w.template to<tg::cuda>().requires_grad_();
+  auto bg = b.template to<tg::cuda>().requires_grad_();
+  const std::int64_t before = tg::backend::cuda::bgrad_epilogue_calls();
+  tg::linear(xg, wg, bg).backward(u.template to<tg::cuda>());
+  EXPECT_EQ(tg::backend::cuda::bgrad_epilogue_calls(), before + 1) << "the bias gradient did not come from the epilogue";
+  EXPECT_LE(worst(values(bg.grad()), db_ref, rtol * max_abs(db_ref), rtol), 1.0) << "db";
+  EXPECT_LE(worst(values(wg.grad()), dw_ref, rtol * max_abs(dw_ref), 0), 1.0) << "dW";
+
+  auto bf = b.template to<tg::cuda>().requires_grad_();  // frozen weight: only the reduction runs
+  tg::linear(x.template to<tg::cuda>(), w.template to<tg::cuda>(), bf).backward(u.template to<tg::cuda>());
+  EXPECT_EQ(tg::backend::cuda::bgrad_epilogue_calls(), before + 1);
+  EXPECT_LE(worst(values(bf.grad()), db_ref, rtol * max_abs(db_ref), rtol), 1.0) << "db without dW";
+}
+TEST_F(CudaLinearGelu, BiasGradientComesFromTheWeightGemmInBf16) { check_bias_gradient<tg::bf16>(1e-2); }
+TEST_F(CudaLinearGelu, BiasGradientComesFromTheWeightGemmInFp32) {
+  tg::backend::cuda::set_allow_tf32(false);
+  check_bias_gradient<float>(1e-4);
+}
+
+// Note [the fused GELU MLP]: GPT-2 small's MLP at B=4, T=64 as one op takes the DGELU_BGRAD epilogue in its
+// backward (dgelu_epilogue_calls()) and BGRADB for c_proj's bias gradient, and matches the unfused pair
+// linear(linear_gelu_tanh(...)) on the GPU: in bf16 within 2e-2 of each tensor's largest entry; in fp32 (no
+// TF32), with pre-activations spread over about [-8, 8], within 1e-4, which tells the tanh-GELU derivative from
+// the exact GELU's (they differ by up to 8.7e-4 there): the epilogue's derivative is the forward's.
+template <class T>
+void check_mlp_dgelu(float w_std, double tol) {
+  tg::Generator gen(20261207);
+  const auto x = tg::Tensor<float>::normal({4, 64, 768}, 0.f, 1.f, gen);
+  const auto w = tg::Tensor<float>::normal({3072, 768}, 0.f, w_std, gen);
+  const auto b = tg::Tensor<float>::normal({3072}, 0.f, 0.1f, gen);
+  const auto p = tg::Tensor<float>::normal({768, 3072}, 0.f, 0.02f, gen);
+  const auto c = tg::Tensor<float>::normal({768}, 0.f, 0.1f, gen);
+  const auto u = tg::Tensor<float>::normal({4, 64, 768}, 0.f, 1.f, gen);
+  auto run = [&](bool fused) {
+    auto on = [](const tg::Tensor<float>& t) { return t.to<T>().template to<tg::cuda>().requires_grad_(); };
+    auto xg = on(x), wg = on(w), bg = on(b), pg = on(p), cg = on(c);
+    const auto y = fused ? tg::mlp_gelu_tanh(xg, wg, bg, pg, cg) : tg::linear(tg::linear_gelu_tanh(xg, wg, bg), pg, cg);
+    y.backward(u.to<T>().template to<tg::cuda>());
+    return std::vector<std::vector<double>>{values(y), values(xg.grad()), values(wg.grad()), values(bg.grad()),
+                                            values(pg.grad()), values(cg.grad())};
+  };
+  const std::int64_t dgelu0 = tg::backend::cuda::dgelu_epilogue_calls(), bgrad0 = tg::backend::cuda::bgrad_epilogue_calls();
+  const auto f = run(true);
+  EXPECT_EQ(tg::backend::cuda::dgelu_epilogue_calls(), dgelu0 + 1) << "the MLP's backward did not take DGELU_BGRAD";
+  EXPECT_EQ(tg::backend::cuda::bgrad_epilogue_calls(), bgrad0 + 1) << "c_proj's bias gradient: BGRADB (c_fc's: DGELU_BGRAD)";
+  const auto u2 = run(false);
+  const char* what[] = {"out", "dx", "dW_fc", "db_fc", "dW_proj", "db_proj"};
+  for (std::size_t t = 0; t < f.size(); ++t) EXPECT_LE(worst(f[t], u2[t], tol * max_abs(u2[t]), 0), 1.0) << what[t];
+}
+TEST_F(CudaLinearGelu, MlpBackwardTakesTheDgeluEpilogueInBf16) { check_mlp_dgelu<tg::bf16>(0.02f, 2e-2); }
+TEST_F(CudaLinearGelu, MlpBackwardsDgeluIsTheTanhGeluDerivativeInFp32) {
+  tg::backend::cuda::set_allow_tf32(false);
+  check_mlp_dgelu<float>(0.1f, 1e-4);
+}

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <typegrad/dist/comm.hpp>
+#include <typegrad/dist/data_parallel.hpp>
 #include <typegrad/dist/nccl.hpp>
 #include <typegrad/typegrad.hpp>
 
@@ -107,6 +108,33 @@ TEST_F(CudaNccl, AllGathersAndReduceScattersWithEqualAndUnevenCounts) {
     comm->reduce_scatter(buffer_of(rs_send), buffer_of(rs_recv), counts, ReduceOp::sum);
     EXPECT_EQ(rs_recv.to_vector(), expected) << "uneven " << uneven;
   }
+}
+
+// ReduceOp::avg is the sum, then one scale by 1/size (as the MPI communicator computes it), not NCCL's ncclAvg
+// (each input pre-multiplied by 1/size rounded to bf16: biased for 3, 5, 6, 7 ... ranks): the bf16 result equals
+// the world's MPI average of the same values bit for bit.
+TEST_F(CudaNccl, AverageIsTheSumThenOneScaleAsOverMpi) {
+  // small integers: every partial sum is exact in bf16 whatever order either library adds in, so only the
+  // scale rounds
+  std::vector<float> v(999);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(static_cast<int>((7 * i + 3 * rank) % 17) - 8);
+  const auto host = tg::Tensor<float>::from_vector({999}, v).to<tg::bf16>();
+  const auto dev = host.to<tg::cuda>();
+  comm->all_reduce(dev, ReduceOp::avg);
+  tg::dist::world().all_reduce(host, ReduceOp::avg);
+  const auto a = dev.to<tg::cpu>().to_vector(), b = host.to_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i].bits, b[i].bits) << "element " << i;
+}
+
+// DataParallel<cuda>'s step decisions (inf flags, norms, losses: host doubles) go over MPI, not through the NCCL
+// communicator, which takes CUDA buffers only (they threw there before).
+TEST_F(CudaNccl, DataParallelSumsHostValuesOverMpi) {
+  std::vector<tg::optim::BasicParam<tg::cuda>> params{{"w", tg::Tensor<float, tg::cuda>::ones({64})}};
+  tg::dist::DataParallel<tg::cuda> dp(*comm, params);
+  std::vector<double> v{1.0, 2.5};
+  dp.sum(v);
+  EXPECT_EQ(v[0], 1.0 * size);
+  EXPECT_EQ(v[1], 2.5 * size);
 }
 
 TEST_F(CudaNccl, RejectsHostBuffers) {

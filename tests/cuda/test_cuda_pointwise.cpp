@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <typegrad/detail/cuda/pointwise.hpp>
 #include <typegrad/ops/pointwise.hpp>
@@ -21,25 +22,37 @@ namespace cu = tg::backend::cuda;
 const auto kExpr = tanh(_0 * 0.5 + _1) * _2 + sigmoid(_0) / (1.0 + exp(-_1)) - sqrt(_2) * relu(_0) + log(_2) / 3.0;
 
 TEST(PointwiseNvrtc, AnExpressionPrintsAsCudaSource) {
-  EXPECT_EQ(source(tanh(_0 * 0.5 + _1)), "(tg_tanh(((x0 * tg_lit<S>(0.5)) + x1)))");
-  EXPECT_EQ(source(-_2 / 3.0), "((-(x2)) / tg_lit<S>(3))");
+  std::vector<double> lits;
+  EXPECT_EQ(source(tanh(_0 * 0.5 + _1), &lits), "(tg_tanh(((x0 * tg_lit<S>(L[0])) + x1)))");
+  EXPECT_EQ(source(-_2 / 3.0, &lits), "((-(x2)) / tg_lit<S>(L[1]))");
+  EXPECT_EQ(lits, (std::vector<double>{0.5, 3.0}));  // the launch's table, in printing order
   EXPECT_EQ(source(relu(_0) - sigmoid(_1)), "((tg_relu(x0)) - (tg_sigmoid(x1)))");
-  EXPECT_EQ(source(_0 * 0.1), "(x0 * tg_lit<S>(0.10000000000000001))");  // every bit of the double
-  EXPECT_NE(source(_0 + std::numeric_limits<double>::infinity()).find("__longlong_as_double("), std::string::npos);
+  // without a table (or past its 16 entries): the exact bits, -0.0 and non-finite values included
+  EXPECT_EQ(source(_0 * 0.1), "(x0 * tg_lit<S>(__longlong_as_double((long long)0x3fb999999999999aULL)))");
+  EXPECT_EQ(source(_0 + -0.0), "(x0 + tg_lit<S>(__longlong_as_double((long long)0x8000000000000000ULL)))");
+  EXPECT_NE(source(_0 + std::numeric_limits<double>::infinity()).find("0x7ff0000000000000ULL"), std::string::npos);
+  std::vector<double> many;
+  const std::string s = source(_0 * 1.0 + 2.0 + 3.0 + 4.0 + 5.0 + 6.0 + 7.0 + 8.0 + 9.0 + 10.0 + 11.0 + 12.0 + 13.0 + 14.0 +
+                               15.0 + 16.0 + 17.0, &many);
+  EXPECT_EQ(many.size(), 16u);
+  EXPECT_NE(s.find("L[15]"), std::string::npos);
+  EXPECT_EQ(s.find("L[16]"), std::string::npos);
+  EXPECT_NE(s.find("0x4031000000000000ULL"), std::string::npos) << "17.0 as bits";
 }
 
 TEST(PointwiseNvrtc, GeneratedKernelsCompileForEveryFloatingType) {
   for (const tg::DType d : {tg::DType::f32, tg::DType::f64, tg::DType::bf16, tg::DType::f16}) {
-    for (const bool backward : {false, true}) {
-      const std::string src = cu::pointwise_source(d, 3, source(kExpr), backward);
-      std::string ptx;
-      ASSERT_NO_THROW(ptx = cu::pointwise_ptx(src)) << tg::dtype_name(d) << (backward ? " backward" : " forward");
-      EXPECT_NE(ptx.find(backward ? "tg_pw_bwd" : "tg_pw_fwd"), std::string::npos) << tg::dtype_name(d);
-    }
+    std::vector<double> lits;
+    const std::string src = cu::pointwise_source(d, 3, source(kExpr, &lits));
+    std::string ptx;
+    ASSERT_NO_THROW(ptx = cu::pointwise_ptx(src)) << tg::dtype_name(d);
+    EXPECT_NE(ptx.find("tg_pw_fwd"), std::string::npos) << tg::dtype_name(d);
+    EXPECT_NE(ptx.find("tg_pw_bwd"), std::string::npos) << tg::dtype_name(d);
   }
-  // one input, a non-finite literal, the largest operand count
-  EXPECT_NO_THROW(cu::pointwise_ptx(cu::pointwise_source(tg::DType::f32, 1, source(exp(_0) + -std::numeric_limits<double>::infinity()), true)));
-  EXPECT_NO_THROW(cu::pointwise_ptx(cu::pointwise_source(tg::DType::bf16, 7, source(_0 + _1 * _2 - _3 / _4 + _5), true)));
+  // one input, non-finite and negative-zero literals written as bits, the largest operand count
+  EXPECT_NO_THROW(cu::pointwise_ptx(
+      cu::pointwise_source(tg::DType::f32, 1, source(exp(_0) + -std::numeric_limits<double>::infinity() + -0.0))));
+  EXPECT_NO_THROW(cu::pointwise_ptx(cu::pointwise_source(tg::DType::f16, 7, source(_0 + _1 * _2 - _3 / _4 + _5))));
 }
 
 TEST(PointwiseNvrtc, BadSourceIsAnErrorWithTheCompilersLog) {
@@ -51,8 +64,8 @@ TEST(PointwiseNvrtc, BadSourceIsAnErrorWithTheCompilersLog) {
     EXPECT_NE(what.find("NVRTC could not compile"), std::string::npos) << what;
     EXPECT_NE(what.find("undeclared_name"), std::string::npos) << what;
   }
-  EXPECT_THROW(cu::pointwise_source(tg::DType::i64, 1, "x0", false), tg::Error);
-  EXPECT_THROW(cu::pointwise_source(tg::DType::f32, 8, "x0", false), tg::Error);
+  EXPECT_THROW(cu::pointwise_source(tg::DType::i64, 1, "x0"), tg::Error);
+  EXPECT_THROW(cu::pointwise_source(tg::DType::f32, 8, "x0"), tg::Error);
 }
 
 template <class T>
@@ -87,5 +100,28 @@ void compare_with_cpu(double tol) {
 }
 TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInFp32) { compare_with_cpu<float>(1e-5); }
 TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInBf16) { compare_with_cpu<tg::bf16>(2e-2); }
+TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInFp16) { compare_with_cpu<tg::fp16>(4e-3); }
+TEST(PointwiseCuda, GeneratedKernelsMatchTheCpuInFp64) { compare_with_cpu<double>(1e-12); }
+
+// The literals are launch arguments: one expression with a new constant each call compiles once, and each
+// call uses its own constant; fp16 stores round like the CPU's conversion, bit for bit.
+TEST(PointwiseCuda, NewConstantsReuseTheCompiledKernel) {
+  TG_SKIP_WITHOUT_GPU();
+  const auto x = tg::Tensor<float>::ones({1000}).to<tg::cuda>();
+  const std::int64_t before = cu::pointwise_compiles();
+  for (int step = 1; step <= 5; ++step) {
+    const double t = 0.1 * step;
+    const auto y = tg::pointwise(_0 * t + -0.0, x).to<tg::cpu>().to_vector();
+    for (float v : y) ASSERT_EQ(v, static_cast<float>(t)) << "step " << step;
+  }
+  EXPECT_LE(cu::pointwise_compiles() - before, 1);
+  tg::Generator gen(3);
+  const auto h = tg::Tensor<float>::normal({4096}, 0.f, 3000.f, gen);  // subnormals to overflow after the product
+  const auto scale = tg::Tensor<float>::full({1}, 1e-5f);
+  const auto cpu = tg::pointwise(_0 * _1, h.to<tg::fp16>(), scale.to<tg::fp16>()).to_vector();
+  const auto gpu = tg::pointwise(_0 * _1, h.to<tg::fp16>().to<tg::cuda>(), scale.to<tg::fp16>().to<tg::cuda>()).to<tg::cpu>().to_vector();
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t i = 0; i < cpu.size(); ++i) ASSERT_EQ(cpu[i].bits, gpu[i].bits) << "element " << i;
+}
 
 }  // namespace

@@ -447,6 +447,22 @@ TEST(OpDb_pointwise_behaviour, OneNodeKeepingItsInputsAndTheComposite) {
   EXPECT_LT(kept_fused * 3, kept_ops) << "fused " << kept_fused << " bytes, unfused " << kept_ops;
 }
 
+// Negation keeps the sign of zero in the derivatives too: sqrt(-x) at x = +0 has the gradient the tensor ops
+// give (neg then sqrt: -(0.5 / sqrt(-0)) = +inf) and the GPU's dual negation gives; a dual computed as 0 - x
+// lost the sign and gave -inf.
+TEST(OpDb_pointwise_behaviour, NegationKeepsTheSignOfZero) {
+  using namespace tg::pw;
+  for (const bool fused : {true, false}) {
+    Tensor<float> x = Tensor<float>::zeros({1});
+    x.requires_grad_();
+    const Tensor<float> y = fused ? tg::pointwise(sqrt(-_0), x) : tg::sqrt(tg::neg(x));
+    y.backward(Tensor<float>::ones({1}));
+    const float g = x.grad().to_vector()[0];
+    EXPECT_TRUE(std::isinf(g) && g > 0) << (fused ? "pointwise" : "tensor ops") << " gave " << g;
+    EXPECT_TRUE(std::signbit(y.to_vector()[0])) << "sqrt(-0) is -0";
+  }
+}
+
 // ---- behaviour the generic checks cannot express --------------------------------------------------
 TEST(OpDb_dropout_behaviour, ConsumesCountersAndReplaysFromSeedOffset) {
   const Tensor<float> x = Tensor<float>::ones({4, 8});

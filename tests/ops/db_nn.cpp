@@ -163,6 +163,59 @@ OpEntry linear_gelu_tanh_entry() {
   return e;
 }
 
+// ---- mlp_gelu_tanh: args = {has_bias}; inputs x, W_fc, (b_fc), W_proj, (b_proj) ---------------------------
+OpEntry mlp_gelu_tanh_entry() {
+  OpEntry e = make_entry("mlp_gelu_tanh", [](const auto& x, const I&, const Sample& s) {
+    return s.args[0] != 0 ? tg::mlp_gelu_tanh(x[0], x[1], x[2], x[3], x[4]) : tg::mlp_gelu_tanh(x[0], x[1], x[2]);
+  });
+  e.sample("bias", {{{5, 7}}, {{6, 7}}, {{6}}, {{3, 6}}, {{3}}}, {}, {1})
+      .sample("batched_bias", {{{2, 3, 7}}, {{4, 7}}, {{4}}, {{5, 4}}, {{5}}}, {}, {1})
+      .sample("no_bias", {{{2, 3, 7}}, {{4, 7}}, {{5, 4}}}, {}, {0})
+      .sample("x_transposed", {{{5, 7}, L::transposed}, {{6, 7}}, {{6}}, {{3, 6}}, {{3}}}, {}, {1})
+      .sample("w_transposed", {{{5, 7}}, {{6, 7}, L::transposed}, {{6}}, {{3, 6}, L::transposed}, {{3}}}, {}, {1})
+      .sample("one_row", {{{1, 1, 7}}, {{2, 7}}, {{2}}, {{1, 2}}, {{1}}}, {}, {1})
+      // hidden width a multiple of 8: the shapes cuBLASLt's GELU, DGELU_BGRAD and BGRADB epilogues take on the GPU
+      .sample("epilogue_bias", {{{2, 5, 12}}, {{16, 12}}, {{16}}, {{8, 16}}, {{8}}}, {}, {1})
+      .sample("epilogue_no_bias", {{{6, 12}}, {{8, 12}}, {{4, 8}}}, {}, {0});
+  // 16-bit rounds three times in the chain (pre, h, the output) and sums 16 rounded h per output: twice the
+  // default tolerances in bf16 and fp16.
+  Tolerances t;
+  for (int p : {2, 3}) {
+    t.fwd[p] = {2 * t.fwd[p].atol, 2 * t.fwd[p].rtol};
+    t.grad[p] = {2 * t.grad[p].atol, 2 * t.grad[p].rtol};
+  }
+  e.tolerances(t);
+  e.reference([](const X& x, const I&, const Sample& s) {
+    const bool bias = s.args[0] != 0;
+    const Tensor<double> h = ref_linear_gelu_tanh(x, bias);  // reads x[0], x[1] (and x[2])
+    const Tensor<double>& wp = x[bias ? 3 : 2];
+    const std::int64_t H = wp.shape()[1], O = wp.shape()[0], rows = h.numel() / H;
+    Shape os = h.shape();
+    os[os.size() - 1] = O;
+    Tensor<double> out = Tensor<double>::empty(os);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t o = 0; o < O; ++o) {
+        double acc = bias ? x[4].data()[o] : 0.0;
+        for (std::int64_t k = 0; k < H; ++k) acc += h.data()[r * H + k] * wp.data()[o * H + k];
+        out.data()[r * O + o] = acc;
+      }
+    return out;
+  });
+  e.error("inner", [] { tg::mlp_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 9}), Tensor<float>::zeros({4, 16})); },
+          "mlp_gelu_tanh: inner dimensions differ: x is [4,8], weight is [16,9]");
+  e.error("proj", [] { tg::mlp_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 8}), Tensor<float>::zeros({4, 15})); },
+          "mlp_gelu_tanh: W_proj must be [out_features, 16] (its inputs are W_fc's outputs), got [4,15]");
+  e.error("b_fc", [] {
+    tg::mlp_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 8}), Tensor<float>::zeros({15}),
+                      Tensor<float>::zeros({4, 16}), Tensor<float>::zeros({4}));
+  }, "mlp_gelu_tanh: bias must be [16], got [15]");
+  e.error("b_proj", [] {
+    tg::mlp_gelu_tanh(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({16, 8}), Tensor<float>::zeros({16}),
+                      Tensor<float>::zeros({4, 16}), Tensor<float>::zeros({5}));
+  }, "mlp_gelu_tanh: b_proj must be [4], got [5]");
+  return e;
+}
+
 // ---- softmax / log_softmax ------------------------------------------------------------------------------
 Tensor<double> ref_softmax(const Tensor<double>& x, bool log) {
   const std::int64_t n = x.dim() ? x.shape()[x.dim() - 1] : 1, rows = x.numel() / n;
@@ -387,6 +440,7 @@ OpEntry attention_composite_entry() {
 TG_REGISTER_OP(matmul_entry());
 TG_REGISTER_OP(linear_entry());
 TG_REGISTER_OP(linear_gelu_tanh_entry());
+TG_REGISTER_OP(mlp_gelu_tanh_entry());
 TG_REGISTER_OP(softmax_entry(false));
 TG_REGISTER_OP(softmax_entry(true));
 TG_REGISTER_OP(layernorm_entry());
@@ -622,6 +676,93 @@ TEST(OpDb_linear_gelu_tanh_fused, RecordsOneNode) {
   // gelu_tanh(4) for every element (x·wᵀ = 4)
   const double k = std::sqrt(2.0 / std::acos(-1.0)), g4 = 0.5 * 4.0 * (1.0 + std::tanh(k * (4.0 + 0.044715 * 64.0)));
   for (float v : y.to_vector()) EXPECT_NEAR(v, g4, 1e-5);
+}
+
+// mlp_gelu_tanh on the CPU is the unfused pair's kernels in their order (Note [the fused GELU MLP]): output and
+// every gradient equal linear(linear_gelu_tanh(...))'s bit for bit, with and without biases, in fp32 and bf16;
+// it records one node, and a SelectiveRecompute region keeps its two GEMM outputs (pre and the output) as the
+// pair's would and gives the plain run's gradients.
+template <class T>
+std::vector<std::vector<float>> run_mlp(int mode, bool with_bias) {  // mode 0: fused, 1: unfused, 2: fused checkpointed
+  Generator gen(20261206);
+  const Tensor<float> x0 = Tensor<float>::normal({3, 5, 24}, 0.f, 1.f, gen), w0 = Tensor<float>::normal({40, 24}, 0.f, 0.3f, gen),
+                      b0 = Tensor<float>::normal({40}, 0.f, 0.5f, gen), p0 = Tensor<float>::normal({16, 40}, 0.f, 0.3f, gen),
+                      c0 = Tensor<float>::normal({16}, 0.f, 0.5f, gen), u0 = Tensor<float>::normal({3, 5, 16}, 0.f, 1.f, gen);
+  Tensor<T> x = x0.to<T>(), w = w0.to<T>(), b = b0.to<T>(), p = p0.to<T>(), c = c0.to<T>();
+  for (Tensor<T>* t : {&x, &w, &b, &p, &c}) t->requires_grad_();
+  auto fused = [&](const Tensor<T>& t) { return with_bias ? tg::mlp_gelu_tanh(t, w, b, p, c) : tg::mlp_gelu_tanh(t, w, p); };
+  Tensor<T> y;
+  if (mode == 0) y = fused(x);
+  else if (mode == 1) y = with_bias ? tg::linear(tg::linear_gelu_tanh(x, w, b), p, c) : tg::linear(tg::linear_gelu_tanh(x, w), p);
+  else y = tg::checkpoint<SelectiveRecompute>(fused, x);
+  y.backward(u0.to<T>());
+  std::vector<std::vector<float>> r{y.template to<float>().to_vector(), x.grad().template to<float>().to_vector(),
+                                    w.grad().template to<float>().to_vector(), p.grad().template to<float>().to_vector()};
+  if (with_bias) {
+    r.push_back(b.grad().template to<float>().to_vector());
+    r.push_back(c.grad().template to<float>().to_vector());
+  }
+  return r;
+}
+template <class T>
+void check_mlp_equals_unfused(bool with_bias) {
+  const auto f = run_mlp<T>(0, with_bias), u = run_mlp<T>(1, with_bias);
+  const char* what[] = {"out", "dx", "dW_fc", "dW_proj", "db_fc", "db_proj"};
+  ASSERT_EQ(f.size(), u.size());
+  for (std::size_t t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f[t].size(), u[t].size()) << what[t];
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < f[t].size(); ++i) differ += std::memcmp(&f[t][i], &u[t][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << what[t] << ": " << differ << " of " << f[t].size() << " values differ from the unfused ops'";
+  }
+}
+TEST(OpDb_mlp_gelu_tanh_fused, EqualsUnfusedBitwiseFp32) {
+  check_mlp_equals_unfused<float>(true);
+  check_mlp_equals_unfused<float>(false);
+}
+TEST(OpDb_mlp_gelu_tanh_fused, EqualsUnfusedBitwiseBf16) {
+  check_mlp_equals_unfused<bf16>(true);
+  check_mlp_equals_unfused<bf16>(false);
+}
+TEST(OpDb_mlp_gelu_tanh_fused, SelectiveCheckpointKeepsBothGemmOutputs) {
+  const auto plain = run_mlp<float>(0, true);
+  autodiff::checkpoint_stats() = {};
+  const auto ck = run_mlp<float>(2, true);
+  EXPECT_EQ(autodiff::checkpoint_stats().kept_outputs, 2);
+  EXPECT_EQ(autodiff::checkpoint_stats().reused_outputs, 2);
+  EXPECT_EQ(autodiff::checkpoint_stats().recomputes, 1);
+  for (std::size_t t = 0; t < plain.size(); ++t) EXPECT_EQ(ck[t], plain[t]) << "tensor " << t;
+}
+// The backward drops the saved GELU output once dW_proj is computed, except when the graph is retained: a
+// second backward through a retained graph gives the same gradients again.
+TEST(OpDb_mlp_gelu_tanh_fused, RetainedGraphBackwardsTwice) {
+  Generator gen(3);
+  Tensor<float> x = Tensor<float>::normal({4, 6}, 0.f, 1.f, gen), w = Tensor<float>::normal({8, 6}, 0.f, 0.5f, gen),
+                b = Tensor<float>::normal({8}, 0.f, 0.5f, gen), p = Tensor<float>::normal({3, 8}, 0.f, 0.5f, gen),
+                c = Tensor<float>::normal({3}, 0.f, 0.5f, gen);
+  p.requires_grad_();
+  w.requires_grad_();
+  const Tensor<float> y = tg::mlp_gelu_tanh(x, w, b, p, c);
+  y.backward(Tensor<float>::ones({4, 3}), /*retain_graph=*/true);
+  const auto dp1 = p.grad().to_vector(), dw1 = w.grad().to_vector();
+  y.backward(Tensor<float>::ones({4, 3}));
+  const auto dp2 = p.grad().to_vector(), dw2 = w.grad().to_vector();
+  for (std::size_t i = 0; i < dp1.size(); ++i) EXPECT_EQ(dp2[i], 2 * dp1[i]) << "dW_proj " << i;
+  for (std::size_t i = 0; i < dw1.size(); ++i) EXPECT_EQ(dw2[i], 2 * dw1[i]) << "dW_fc " << i;
+}
+
+TEST(OpDb_mlp_gelu_tanh_fused, RecordsOneNode) {
+  Tensor<float> x = Tensor<float>::ones({2, 4}), w = Tensor<float>::ones({8, 4}), b = Tensor<float>::zeros({8}),
+                p = Tensor<float>::ones({3, 8}), c = Tensor<float>::zeros({3});
+  p.requires_grad_();
+  const std::int64_t mlp0 = live_ops("mlp_gelu_tanh"), fused0 = live_ops("linear_gelu_tanh"), linear0 = live_ops("linear");
+  const Tensor<float> y = tg::mlp_gelu_tanh(x, w, b, p, c);
+  EXPECT_EQ(live_ops("mlp_gelu_tanh"), mlp0 + 1);
+  EXPECT_EQ(live_ops("linear_gelu_tanh"), fused0);
+  EXPECT_EQ(live_ops("linear"), linear0);
+  EXPECT_EQ(y.shape(), (Shape{2, 3}));
+  const double k = std::sqrt(2.0 / std::acos(-1.0)), g4 = 0.5 * 4.0 * (1.0 + std::tanh(k * (4.0 + 0.044715 * 64.0)));
+  for (float v : y.to_vector()) EXPECT_NEAR(v, 8 * g4, 1e-4);  // eight GELU outputs summed
 }
 
 }  // namespace

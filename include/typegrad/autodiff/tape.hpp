@@ -105,6 +105,10 @@ class TapeScope {
 
 bool grad_enabled();
 void set_grad_enabled(bool on);
+/// Whether the backward walk running on this thread keeps what the nodes saved (backward(retain_graph=true)).
+/// When it does not, an op's backward may drop a saved tensor as soon as it has used it (the walk frees the
+/// rest after the node), as the separate nodes of an unfused pair would have freed theirs.
+bool retaining_graph();
 std::uint64_t next_tensor_id();
 
 }  // namespace tg::autodiff

@@ -142,6 +142,10 @@ class DataParallel final : public train::StepSync {
     TG_CHECK(comm_.device() == device_traits<D>::kind, "DataParallel: the communicator moves ",
              comm_.device() == DeviceKind::cpu ? "host" : "CUDA", " buffers, the parameters are on the other device");
     TG_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got ", options_.bucket_bytes);
+    // Host values (step decisions, checks) go over world() when the communicator moves CUDA buffers.
+    TG_CHECK(comm_.device() == DeviceKind::cpu || (comm_.size() == world().size() && comm_.rank() == world().rank()),
+             "DataParallel: a CUDA communicator must span the MPI world (rank ", comm_.rank(), " of ", comm_.size(),
+             ", world rank ", world().rank(), " of ", world().size(), ")");
     check_same_parameters();
     build_buckets();
     assign_owners();
@@ -176,7 +180,9 @@ class DataParallel final : public train::StepSync {
   void reset_stats() { stats_ = {}; }
 
   // ---- train::StepSync --------------------------------------------------------------------------------
-  void sum(std::span<double> values) const override { comm_.all_reduce(values, ReduceOp::sum); }
+  /// Host values (the step boundary's flags, norms and losses): over MPI also when the gradients go through
+  /// NCCL, whose communicator moves CUDA buffers only (it was made over world(), so the ranks are the same).
+  void sum(std::span<double> values) const override { host_comm().all_reduce(values, ReduceOp::sum); }
   bool sharded_grads() const override { return options_.sharding != Sharding::none && comm_.size() > 1; }
   int ranks() const override { return comm_.size(); }
 
@@ -263,7 +269,7 @@ class DataParallel final : public train::StepSync {
     return flat.as_strided_raw(shape, contiguous_strides(shape), flat.storage_offset() + offset);
   }
 
-  Communicator& host_comm() { return comm_.device() == DeviceKind::cpu ? comm_ : world(); }
+  Communicator& host_comm() const { return comm_.device() == DeviceKind::cpu ? comm_ : world(); }
 
   void count_bytes(std::int64_t bytes) {
     stats_.bytes += bytes;

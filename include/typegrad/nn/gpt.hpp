@@ -102,13 +102,21 @@ class BasicMLP {
   BasicMLP(const GPTConfig& c, Generator& gen)
       : c_fc_(c.n_embd, 4 * c.n_embd, gen),
         c_proj_(4 * c.n_embd, c.n_embd, gen, 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer))) {}
-  /// c_proj(gelu_tanh(c_fc(x))), the first two as one op (Note [fused linear + GELU]: cuBLASLt's GELU
-  /// epilogue on the GPU, the composite's kernels on the CPU), c_fc's weights read as its forward reads them.
+  /// c_proj(gelu_tanh(c_fc(x))), the weights read as the layers' forwards read them. On the GPU one op (Note
+  /// [the fused GELU MLP]: cuBLASLt's GELU epilogue forward, its DGELU_BGRAD and BGRADB epilogues backward). On
+  /// the CPU, where that op would run the same kernels, linear_gelu_tanh then c_proj's forward: two nodes, so
+  /// the output's gradient is freed before the GELU's backward runs. Layers of which one has a bias and the
+  /// other not take that pair on every device.
   template <FloatingElement T>
   Tensor<T, D> forward(const Tensor<T, D>& x) const {  // (B,T,C)
-    const Tensor<T, D> h = c_fc_.has_bias()
-                               ? linear_gelu_tanh(x, amp::param_as<T>(c_fc_.weight()), amp::param_as<T>(c_fc_.bias()))
-                               : linear_gelu_tanh(x, amp::param_as<T>(c_fc_.weight()));  // (B,T,4C)
+    const auto w_fc = amp::param_as<T>(c_fc_.weight()), w_proj = amp::param_as<T>(c_proj_.weight());
+    if constexpr (!std::is_same_v<D, cpu>) {
+      if (c_fc_.has_bias() && c_proj_.has_bias())
+        return mlp_gelu_tanh(x, w_fc, amp::param_as<T>(c_fc_.bias()), w_proj, amp::param_as<T>(c_proj_.bias()));
+      if (!c_fc_.has_bias() && !c_proj_.has_bias()) return mlp_gelu_tanh(x, w_fc, w_proj);
+    }
+    const Tensor<T, D> h = c_fc_.has_bias() ? linear_gelu_tanh(x, w_fc, amp::param_as<T>(c_fc_.bias()))
+                                            : linear_gelu_tanh(x, w_fc);  // (B,T,4C)
     return c_proj_.forward(h);
   }
   void collect_parameters(const std::string& prefix, std::vector<DeviceParameter<D>>& out) const {

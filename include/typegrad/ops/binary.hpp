@@ -127,10 +127,10 @@ TG_MIXED_OPERANDS_GUARD(mul)
 TG_MIXED_OPERANDS_GUARD(div)
 #undef TG_MIXED_OPERANDS_GUARD
 
-/// neg(x) = -x
+/// neg(x) = -x, as x·(−1): exact, and −0 for +0 (0 − x would give +0), forward and backward.
 template <FloatingElement T, Device D>
 Tensor<T, D> neg(const Tensor<T, D>& x) {
-  return sub(0.0, x);
+  return mul(x, -1.0);
 }
 template <FloatingElement T, Device D>
 Tensor<T, D> operator-(const Tensor<T, D>& x) {

@@ -193,10 +193,27 @@ std::pair<Tensor<T, D>, Tensor<T, D>> linear_backward(const LinearSaved<T, D>& s
   }
   if (need_w) {
     dw = Tensor<T, D>::empty({N, K});
-    TG_BACKEND(D, matmul_strided<T>(dy.data(), {1, N}, s.x.data(), {s.x.strides()[0], s.x.strides()[1]}, dw.data(),
-                                    {K, 1}, Shape(), N, K, M));
+    TG_BACKEND(D, linear_weight_grad<T>(dy.data(), s.x.data(), s.x.strides()[0], s.x.strides()[1], dw.data(), nullptr,
+                                        M, N, K));
   }
   return {dx, dw};
+}
+
+/// linear_backward with the bias gradient db = Σ_rows dY when need_b: computed with dW in one kernel call
+/// (linear_weight_grad; on the GPU the weight GEMM's BGRADB epilogue, Note [bias gradients in the weight GEMM]).
+template <Element T, Device D>
+std::tuple<Tensor<T, D>, Tensor<T, D>, Tensor<T, D>> linear_backward_bias(const LinearSaved<T, D>& s, const Tensor<T, D>& dy,
+                                                                          bool need_x, bool need_w, bool need_b,
+                                                                          const Shape& x_shape) {
+  Tensor<T, D> dx = linear_backward(s, dy, need_x, false, x_shape).first, dw;
+  const std::int64_t M = s.x.shape()[0], K = s.x.shape()[1], N = s.weight.shape()[0];
+  Tensor<T, D> db;
+  if (need_w) dw = Tensor<T, D>::empty({N, K});
+  if (need_b) db = Tensor<T, D>::empty({N});
+  if (need_w || need_b)
+    TG_BACKEND(D, linear_weight_grad<T>(dy.data(), s.x.data(), s.x.strides()[0], s.x.strides()[1],
+                                        need_w ? dw.data() : nullptr, need_b ? db.data() : nullptr, M, N, K));
+  return {dx, dw, db};
 }
 }  // namespace detail
 
@@ -208,15 +225,7 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Ten
   Tensor<T, D> out = detail::linear_impl(x, weight, &bias, xr, wr);
   autodiff::record("linear", out, detail::LinearSaved<T, D>{xr, wr},
                    [xs = x.shape()](detail::LinearSaved<T, D>& s, const Tensor<T, D>& dout, auto need) {
-                     const Tensor<T, D> dy = dout.contiguous_raw();
-                     auto [dx, dw] = detail::linear_backward(s, dy, need[0], need[1], xs);
-                     Tensor<T, D> db;
-                     if (need[2]) {  // db = Σ_rows dY
-                       const std::int64_t N = s.weight.shape()[0];
-                       db = Tensor<T, D>::empty({N});
-                       TG_BACKEND(D, reduce_sum<T>(dy.data(), db.data(), 1, s.x.shape()[0], N));
-                     }
-                     return std::tuple{dx, dw, db};
+                     return detail::linear_backward_bias(s, dout.contiguous_raw(), need[0], need[1], need[2], xs);
                    }, x, weight, bias);
   return out;
 }

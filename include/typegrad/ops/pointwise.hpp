@@ -4,7 +4,9 @@
 //   auto y = tg::pointwise(tanh(_0 * 0.5 + _1) * _2, x, bias, scale);   // x [B,T,C], bias [C], scale [B,T,1]
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/cuda/pointwise.hpp"
@@ -92,8 +95,14 @@ S lift(double c) {
 // The element functions on scalars and on duals (derivatives written from the values already computed).
 template <class S>
 S f_neg(const S& a) {
-  if constexpr (std::is_floating_point_v<S>) return -a;
-  else return lift<S>(0.0) - a;
+  if constexpr (std::is_floating_point_v<S>) {
+    return -a;
+  } else {  // -v and -dv (0 - v would turn -0 into +0, and the GPU's dual negation does not)
+    S r = a;
+    r.v = -r.v;
+    for (auto& d : r.d) d = -d;
+    return r;
+  }
 }
 template <class S>
 S f_exp(const S& a) {
@@ -293,32 +302,39 @@ Tensor<T, D> eval_ops(const Un<Op, E>& u, const std::array<Tensor<T, D>, K>& x) 
 }
 
 // ---- the expression as CUDA source (Note [pointwise kernels through NVRTC]) ---------------------------------
-inline std::string literal_source(double v) {
-  if (!std::isfinite(v)) {  // no literal spells these: the bits
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    return "tg_lit<S>(__longlong_as_double(" + std::to_string(static_cast<long long>(bits)) + "LL))";
+/// A literal as CUDA source: `tg_lit<S>(L[k])`, the k-th value of the launch's literal table, while `lits` has
+/// room (the table is part of the kernel's arguments, so an expression whose constants change each step compiles
+/// once); otherwise, or without a table, its exact bits (`__longlong_as_double`, locale-free, -0.0 and non-finite
+/// values included).
+inline std::string literal_source(double v, std::vector<double>* lits) {
+  if (lits && lits->size() < static_cast<std::size_t>(backend::cuda::kPointwiseMaxLiterals)) {
+    lits->push_back(v);
+    return "tg_lit<S>(L[" + std::to_string(lits->size() - 1) + "])";
   }
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return std::string("tg_lit<S>(") + buf + ")";
+  std::snprintf(buf, sizeof buf, "0x%016llxULL", static_cast<unsigned long long>(bits));
+  return std::string("tg_lit<S>(__longlong_as_double((long long)") + buf + "))";
 }
+/// The expression as CUDA source over x0 .. x{K-1}; its literals go to `lits` (see literal_source).
 template <int I>
-std::string source(const Arg<I>&) {
+std::string source(const Arg<I>&, std::vector<double>* = nullptr) {
   return "x" + std::to_string(I);
 }
-inline std::string source(const Lit& c) { return literal_source(c.v); }
+inline std::string source(const Lit& c, std::vector<double>* lits = nullptr) { return literal_source(c.v, lits); }
 template <BinOp Op, class L, class R>
-std::string source(const Bin<Op, L, R>& e) {
+std::string source(const Bin<Op, L, R>& e, std::vector<double>* lits = nullptr) {
   constexpr const char* sym = Op == BinOp::add ? " + " : Op == BinOp::sub ? " - " : Op == BinOp::mul ? " * " : " / ";
-  return "(" + source(e.l) + sym + source(e.r) + ")";
+  std::string l = source(e.l, lits);  // left before right: the table's order is the printing order
+  return "(" + l + sym + source(e.r, lits) + ")";
 }
 template <UnOp Op, class E>
-std::string source(const Un<Op, E>& u) {
+std::string source(const Un<Op, E>& u, std::vector<double>* lits = nullptr) {
   constexpr const char* fn = Op == UnOp::neg ? "-" : Op == UnOp::exp ? "tg_exp" : Op == UnOp::log ? "tg_log"
                              : Op == UnOp::tanh ? "tg_tanh" : Op == UnOp::sqrt ? "tg_sqrt"
                              : Op == UnOp::sigmoid ? "tg_sigmoid" : "tg_relu";
-  return std::string("(") + fn + "(" + source(u.e) + "))";
+  return std::string("(") + fn + "(" + source(u.e, lits) + "))";
 }
 
 }  // namespace tg::pw
@@ -422,33 +438,34 @@ template <class E, FloatingElement T, Device D, std::size_t K>
 Tensor<T, D> pointwise_cuda(const E& expr, const std::array<Tensor<T, D>, K>& xs) {
   const PointwiseInputs<T, D, K> p = pointwise_inputs(xs);
   const Shape& shape = p.shape;
-  const std::string body = pw::source(expr);
-  const std::string fwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, false);
+  std::vector<double> lits;
+  const std::string src =
+      backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), pw::source(expr, &lits));
   Tensor<T, D> out = Tensor<T, D>::empty(shape);
   backend::cuda::PointwiseArgs a = pointwise_args(p.x, shape);
+  std::copy(lits.begin(), lits.end(), a.lit);
   a.out[0] = out.data();
   std::string why;
-  if (!backend::cuda::pointwise_run(fwd, false, a, &why)) {
-    static bool said = false;
-    if (!said) {
-      said = true;
+  // The forward's call loads both kernels (one module), so the backward below cannot fail to load.
+  if (!backend::cuda::pointwise_run(src, false, a, &why)) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
       std::cerr << "tg::pointwise: no generated GPU kernel (" << why << "); running the expression as tensor ops\n";
-    }
     return Tensor<T, D>();
   }
-  auto backward = [body, in_shapes = p.shapes, shape](PointwiseSaved<T, K, D>& s, const Tensor<T, D>& dout, auto need) {
+  auto backward = [src, lits, in_shapes = p.shapes, shape](PointwiseSaved<T, K, D>& s, const Tensor<T, D>& dout, auto need) {
     const Tensor<T, D> g = dout.contiguous_raw();
     std::array<Tensor<T, D>, K> full;
     backend::cuda::PointwiseArgs b = pointwise_args(s.x, shape);
+    std::copy(lits.begin(), lits.end(), b.lit);
     b.in[K] = g.data();
     for (std::size_t i = 0; i < K; ++i)
       if (need[i]) {
         full[i] = Tensor<T, D>::empty(shape);
         b.out[i] = full[i].data();
       }
-    const std::string bwd = backend::cuda::pointwise_source(dtype_traits<T>::dtype, static_cast<int>(K), body, true);
     std::string why;
-    TG_CHECK(backend::cuda::pointwise_run(bwd, true, b, &why), "pointwise backward: ", why);
+    TG_CHECK(backend::cuda::pointwise_run(src, true, b, &why), "pointwise backward: ", why);
     return pointwise_grads(full, need, in_shapes);
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -42,6 +42,12 @@ bool allow_tf32();
 /// How many linear_gelu_tanh_forward calls in this process took cuBLASLt's GELU epilogue (one fused GEMM)
 /// rather than the fallback (GEMM, then the gelu_tanh kernel). 0 without the CUDA backend.
 std::int64_t gelu_epilogue_calls();
+/// How many linear_weight_grad calls in this process computed the bias gradient in the weight GEMM's
+/// cuBLASLt BGRADB epilogue (Note [bias gradients in the weight GEMM]) rather than a separate reduction.
+std::int64_t bgrad_epilogue_calls();
+/// How many mlp_gelu_tanh backwards in this process computed the GELU gradient (and the c_fc bias gradient) in
+/// the dH GEMM's cuBLASLt DGELU(_BGRAD) epilogue (Note [the fused GELU MLP]) rather than the composite.
+std::int64_t dgelu_epilogue_calls();
 /// How many 16-bit GEMMs in this process ran on zero-padded, 16-byte aligned copies of their operands
 /// (Note [16-byte aligned GEMM operands] in backends/cuda/gemm.cu: large GEMMs with an odd row width, such
 /// as GPT-2's LM head with its 50257-token vocabulary). 0 without the CUDA backend.

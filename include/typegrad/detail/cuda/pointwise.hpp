@@ -1,6 +1,6 @@
 // Elementwise expressions compiled at run time with NVRTC (Note [pointwise kernels through NVRTC]): the CUDA
 // half of tg::pointwise. Plain C++ (no CUDA headers); backends/cuda/pointwise_nvrtc.cpp implements it.
-//   std::string src = pointwise_source(DType::bf16, 3, "(tg_tanh(x0) * x2)", /*backward=*/false);
+//   std::string src = pointwise_source(DType::bf16, 3, "(tg_tanh(x0) * x2)");   // tg_pw_fwd and tg_pw_bwd
 //   std::string why;  if (!pointwise_run(src, false, args, &why)) ...   // fall back to tensor ops
 #pragma once
 
@@ -12,6 +12,7 @@
 namespace tg::backend::cuda {
 
 inline constexpr int kPointwiseMaxOperands = 8;
+inline constexpr int kPointwiseMaxLiterals = 16;  // literals passed as launch arguments (more: written into the source)
 
 /// One launch's operands and index space, passed by value to the generated kernel (its layout is repeated in
 /// the generated source: every member 8 bytes wide).
@@ -22,17 +23,20 @@ struct PointwiseArgs {
   std::int64_t nd = 0;                         // dims of the output
   std::int64_t size[8] = {};
   std::int64_t st[kPointwiseMaxOperands][8] = {};  // input k's strides over the output's dims (0: broadcast)
+  double lit[kPointwiseMaxLiterals] = {};           // the expression's literal table, L[k] in the source
 };
 
-/// The CUDA translation unit for expression `expr` (over x0 .. x{K-1}, in the generated names tg_exp, tg_lit<S>,
-/// ...): kernel tg_pw_fwd (backward false) or tg_pw_bwd, for element type `dtype`.
-std::string pointwise_source(DType dtype, int K, const std::string& expr, bool backward);
+/// The CUDA translation unit for expression `expr` (over x0 .. x{K-1} and the literal table L, in the generated
+/// names tg_exp, tg_lit<S>, ...), for element type `dtype`: kernels tg_pw_fwd and tg_pw_bwd.
+std::string pointwise_source(DType dtype, int K, const std::string& expr);
 /// `source` compiled by NVRTC to PTX for compute_80; throws tg::Error with NVRTC's log when it does not compile.
 /// Needs no GPU (tests run it everywhere the backend is built).
 std::string pointwise_ptx(const std::string& source);
-/// Compiles `source` for the current GPU (once per source and device) and launches its kernel on the current
-/// stream. False, with the reason in *why, when NVRTC or the module load fails: the caller then runs the
-/// expression as tensor ops.
+/// Compiles `source` for the current GPU and loads both its kernels (once per source and device; a failure is
+/// remembered too), then launches tg_pw_bwd (backward) or tg_pw_fwd on the current stream. False, with the reason
+/// in *why, when NVRTC, the module load or the launch fails: the caller then runs the expression as tensor ops.
 bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs& args, std::string* why);
+/// How many translation units pointwise_run has compiled (and tried to load) in this process.
+std::int64_t pointwise_compiles();
 
 }  // namespace tg::backend::cuda
