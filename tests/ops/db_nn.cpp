@@ -587,6 +587,18 @@ TEST(OpDb_causal_attention_fused, MatchesCompositeFp32) {
   }
 }
 
+/// Every tensor of `f` equals the one of `ref` bit for bit; `what` names them, `ref_name` the reference.
+void expect_bitwise_equal(const std::vector<std::vector<float>>& f, const std::vector<std::vector<float>>& ref,
+                          const char* const* what, const char* ref_name) {
+  ASSERT_EQ(f.size(), ref.size());
+  for (std::size_t t = 0; t < f.size(); ++t) {
+    ASSERT_EQ(f[t].size(), ref[t].size()) << what[t];
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < f[t].size(); ++i) differ += std::memcmp(&f[t][i], &ref[t][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << what[t] << ": " << differ << " of " << f[t].size() << " values differ from " << ref_name;
+  }
+}
+
 // linear_gelu_tanh on the CPU is the composite's kernels in the composite's order (Note [fused linear +
 // GELU]): output and every gradient equal gelu_tanh(linear(...))'s bit for bit, with and without a bias.
 template <class T>
@@ -608,15 +620,8 @@ void check_linear_gelu_equals_composite(bool with_bias) {
     if (with_bias) r.push_back(b.grad().template to<float>().to_vector());
     return r;
   };
-  const auto f = run(true), c = run(false);
   const char* what[] = {"out", "dx", "dw", "db"};
-  ASSERT_EQ(f.size(), c.size());
-  for (std::size_t t = 0; t < f.size(); ++t) {
-    ASSERT_EQ(f[t].size(), c[t].size()) << what[t];
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < f[t].size(); ++i) differ += std::memcmp(&f[t][i], &c[t][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << what[t] << ": " << differ << " of " << f[t].size() << " values differ from the composite's";
-  }
+  expect_bitwise_equal(run(true), run(false), what, "the composite's");
 }
 TEST(OpDb_linear_gelu_tanh_fused, EqualsCompositeBitwiseFp32) {
   check_linear_gelu_equals_composite<float>(true);
@@ -706,15 +711,8 @@ std::vector<std::vector<float>> run_mlp(int mode, bool with_bias) {  // mode 0: 
 }
 template <class T>
 void check_mlp_equals_unfused(bool with_bias) {
-  const auto f = run_mlp<T>(0, with_bias), u = run_mlp<T>(1, with_bias);
   const char* what[] = {"out", "dx", "dW_fc", "dW_proj", "db_fc", "db_proj"};
-  ASSERT_EQ(f.size(), u.size());
-  for (std::size_t t = 0; t < f.size(); ++t) {
-    ASSERT_EQ(f[t].size(), u[t].size()) << what[t];
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < f[t].size(); ++i) differ += std::memcmp(&f[t][i], &u[t][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << what[t] << ": " << differ << " of " << f[t].size() << " values differ from the unfused ops'";
-  }
+  expect_bitwise_equal(run_mlp<T>(0, with_bias), run_mlp<T>(1, with_bias), what, "the unfused ops'");
 }
 TEST(OpDb_mlp_gelu_tanh_fused, EqualsUnfusedBitwiseFp32) {
   check_mlp_equals_unfused<float>(true);
