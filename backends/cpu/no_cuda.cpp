@@ -57,6 +57,7 @@ std::int64_t bgrad_epilogue_calls() { return 0; }
 std::int64_t dgelu_epilogue_calls() { return 0; }
 std::int64_t padded_gemm_calls() { return 0; }
 std::int64_t flash_attention_calls() { return 0; }
+std::int64_t device_to_host_reads() { return 0; }
 void set_flash_attention(bool enabled) {
   if (enabled) no_backend("set_flash_attention");
 }

@@ -167,7 +167,9 @@ void adafactor_step_full(T* p, const T* g, T* v, T* m, std::int64_t n, const Ada
 // (its update no longer vectorized).
 constexpr std::int64_t kCopyBlock = 2048;  // elements updated, then converted, while in L1
 template <class T>
-void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& s) {
+void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars& scalars) {
+  AdamScalars s = scalars;
+  if (!resolve_boundary(s)) return;  // Note [the step boundary on the device]: a skipped step
   std::int64_t total = 0;
   for (int i = 0; i < count; ++i) {
     total += tensors[i].n;

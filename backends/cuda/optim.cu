@@ -19,8 +19,23 @@ using detail::chunk_table;
 using detail::kChunk;
 
 // ---- kernels --------------------------------------------------------------------------------------------
+/// Adam / AdamW over every chunk. kBoundary (Note [the step boundary on the device]): the step is read from
+/// the boundary state `s.boundary` instead of `c`: each block resolves it once (skip, lr, t) and computes the
+/// constants as the host would (math::adam_consts, fp64, rounded once).
+template <bool kBoundary>
 __global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                  math::AdamConsts<float> c) {
+                                  math::AdamConsts<float> c, AdamScalars s) {
+  if constexpr (kBoundary) {
+    __shared__ math::AdamConsts<float> resolved;
+    __shared__ bool go;
+    if (threadIdx.x == 0) {
+      go = resolve_boundary(s);
+      if (go) resolved = math::adam_consts<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+    }
+    __syncthreads();
+    if (!go) return;
+    c = resolved;
+  }
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const AdamTensor<float> t = tensors[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
@@ -37,8 +52,11 @@ __global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk*
   }
 }
 
+/// g *= inv_scale over every chunk; an inf or NaN sets *found_inf (all write 1). With `state` (Note [the step
+/// boundary on the device]) the scale is read from state[kScale] and the flag written to state[kFoundInf].
 __global__ void unscale_kernel(float* const* grads, const std::int64_t* sizes, const Chunk* chunks,
-                               std::int64_t n_chunks, float inv_scale, int* found_inf) {
+                               std::int64_t n_chunks, float inv_scale, int* found_inf, double* state) {
+  if (state) inv_scale = static_cast<float>(1.0 / state[kScale]);
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     float* g = grads[chunks[b].tensor];
     const std::int64_t n = sizes[chunks[b].tensor];
@@ -49,7 +67,10 @@ __global__ void unscale_kernel(float* const* grads, const std::int64_t* sizes, c
       bad = bad || !math::is_finite(x);
       g[i] = x * inv_scale;
     }
-    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *found_inf = 1;  // benign race: all write 1
+    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) {  // benign races: all write 1
+      if (state) state[kFoundInf] = 1.0;
+      else *found_inf = 1;
+    }
   }
 }
 
@@ -71,8 +92,14 @@ __global__ void sum_squares_multi_kernel(const float* const* xs, const std::int6
   }
 }
 
+/// x *= s over every chunk. With `state` (Note [the step boundary on the device]) s is the clipping factor
+/// state[kCoef], applied when the step is taken and the factor is below 1.
 __global__ void scale_multi_kernel(float* const* xs, const std::int64_t* sizes, const Chunk* chunks, std::int64_t n_chunks,
-                                   float s) {
+                                   float s, const double* state) {
+  if (state) {
+    if (state[kSkip] != 0 || !(state[kCoef] < 1.0)) return;
+    s = static_cast<float>(state[kCoef]);
+  }
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     float* x = xs[chunks[b].tensor];
     const std::int64_t n = sizes[chunks[b].tensor];
@@ -135,6 +162,33 @@ __global__ void lamb_apply_multi_kernel(const LambTensor<float>* tensors, const 
   }
 }
 
+// ---- the step boundary on the device (Note [the step boundary on the device]) ----------------------------
+__global__ void boundary_begin_kernel(double* state, float* loss_factor, double lr, double step, double scale, double inv_n) {
+  for (int i = 0; i < kBoundarySize; ++i) state[i] = 0;
+  state[kLr] = lr;
+  state[kStep] = step;
+  state[kScale] = scale;
+  *loss_factor = static_cast<float>(scale * inv_n);
+}
+
+__global__ void boundary_note_loss_kernel(double* state, const float* loss, double n) {
+  const double v = static_cast<double>(*loss);
+  state[kLoss] += v / n;
+  if (!boundary_finite(v) && state[kBadLoss] == 0) {
+    state[kBadLoss] = 1;
+    state[kBadLossValue] = v;
+  }
+}
+
+/// The chunks' partial sums added in chunk order (sum_squares_multi's host loop), into the state.
+__global__ void boundary_total_kernel(const double* partials, std::int64_t n, double* state) {
+  double total = 0;
+  for (std::int64_t i = 0; i < n; ++i) total += partials[i];
+  state[kSumSquares] = total;
+}
+
+__global__ void boundary_decide_kernel(double* state, BoundaryRule rule) { boundary_decide_values(state, rule); }
+
 unsigned blocks_for(std::size_t chunks) { return static_cast<unsigned>(std::min<std::size_t>(chunks, 65535u * 4u)); }
 
 }  // namespace
@@ -151,9 +205,13 @@ void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars&
   detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(AdamTensor<float>)), wc(chunks.size() * sizeof(Chunk));
   const AdamTensor<float>* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
-  adam_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(
-      dt, dc, static_cast<std::int64_t>(chunks.size()),
-      math::adam_consts<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step));
+  if (s.boundary)  // Note [the step boundary on the device]: skip, lr and t read on the device
+    adam_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(
+        dt, dc, static_cast<std::int64_t>(chunks.size()), math::AdamConsts<float>{}, s);
+  else
+    adam_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(
+        dt, dc, static_cast<std::int64_t>(chunks.size()),
+        math::adam_consts<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step), s);
   TG_CUDA_LAUNCHED();
 }
 
@@ -222,7 +280,7 @@ bool unscale_and_check(float* const* grads, const std::int64_t* sizes, int count
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
   TG_CUDA_CHECK(cudaMemsetAsync(wf.as<int>(), 0, sizeof(int), detail::stream()));
   unscale_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dg, ds, dc, static_cast<std::int64_t>(chunks.size()),
-                                                                  inv_scale, wf.as<int>());
+                                                                  inv_scale, wf.as<int>(), nullptr);
   TG_CUDA_LAUNCHED();
   int found = 0;
   detail::download(&found, wf.as<int>(), 1);
@@ -258,9 +316,83 @@ void scale_multi(float* const* xs, const std::int64_t* sizes, int count, float s
   float* const* dx = detail::upload(wx, xs, count);
   const std::int64_t* ds = detail::upload(ws, sizes, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
-  scale_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dx, ds, dc, n_chunks, s);
+  scale_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dx, ds, dc, n_chunks, s, nullptr);
   TG_CUDA_LAUNCHED();
 }
+
+// ---- the device boundary's launchers (Note [the step boundary on the device]) -----------------------------
+namespace {
+/// The chunk table of `count` gradients and their pointer and size arrays, uploaded.
+struct GradTables {
+  std::vector<Chunk> chunks;
+  detail::Workspace wg, ws, wc;
+  float* const* grads = nullptr;
+  const std::int64_t* sizes = nullptr;
+  const Chunk* table = nullptr;
+  GradTables(const float* const* g, const std::int64_t* n, int count)
+      : chunks(chunk_table(count, n)),
+        wg(static_cast<std::size_t>(count) * sizeof(float*)),
+        ws(static_cast<std::size_t>(count) * sizeof(std::int64_t)),
+        wc(std::max<std::size_t>(chunks.size(), 1) * sizeof(Chunk)) {
+    grads = detail::upload(wg, const_cast<float* const*>(g), count);
+    sizes = detail::upload(ws, n, count);
+    if (!chunks.empty()) table = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
+  }
+  std::int64_t n_chunks() const { return static_cast<std::int64_t>(chunks.size()); }
+};
+}  // namespace
+
+template <class T>
+void boundary_begin(double* state, T* loss_factor, double lr, double step, double scale, double inv_n) {
+  boundary_begin_kernel<<<1, 1, 0, detail::stream()>>>(state, loss_factor, lr, step, scale, inv_n);
+  TG_CUDA_LAUNCHED();
+}
+template <class T>
+void boundary_note_loss(double* state, const T* loss, double n) {
+  boundary_note_loss_kernel<<<1, 1, 0, detail::stream()>>>(state, loss, n);
+  TG_CUDA_LAUNCHED();
+}
+template <class T>
+void boundary_unscale(T* const* grads, const std::int64_t* sizes, int count, double* state) {
+  if (count <= 0) return;
+  const GradTables t(grads, sizes, count);
+  if (t.chunks.empty()) return;
+  unscale_kernel<<<blocks_for(t.chunks.size()), detail::kThreads, 0, detail::stream()>>>(t.grads, t.sizes, t.table, t.n_chunks(),
+                                                                                        1.f, nullptr, state);
+  TG_CUDA_LAUNCHED();
+}
+template <class T>
+void boundary_sum_squares(const T* const* grads, const std::int64_t* sizes, int count, double* state) {
+  if (count <= 0) {  // no gradient: Σ g² = 0
+    boundary_total_kernel<<<1, 1, 0, detail::stream()>>>(nullptr, 0, state);
+    TG_CUDA_LAUNCHED();
+    return;
+  }
+  const GradTables t(grads, sizes, count);
+  detail::Workspace wp(std::max<std::size_t>(t.chunks.size(), 1) * sizeof(double));
+  if (!t.chunks.empty()) {
+    sum_squares_multi_kernel<<<blocks_for(t.chunks.size()), detail::kThreads, 0, detail::stream()>>>(t.grads, t.sizes, t.table,
+                                                                                                    t.n_chunks(), wp.as<double>());
+    TG_CUDA_LAUNCHED();
+  }
+  boundary_total_kernel<<<1, 1, 0, detail::stream()>>>(wp.as<double>(), t.n_chunks(), state);
+  TG_CUDA_LAUNCHED();
+}
+template <class T>
+void boundary_decide(double* state, const BoundaryRule& rule) {
+  boundary_decide_kernel<<<1, 1, 0, detail::stream()>>>(state, rule);
+  TG_CUDA_LAUNCHED();
+}
+template <class T>
+void boundary_clip(T* const* grads, const std::int64_t* sizes, int count, const double* state) {
+  if (count <= 0) return;
+  const GradTables t(grads, sizes, count);
+  if (t.chunks.empty()) return;
+  scale_multi_kernel<<<blocks_for(t.chunks.size()), detail::kThreads, 0, detail::stream()>>>(t.grads, t.sizes, t.table, t.n_chunks(),
+                                                                                            1.f, state);
+  TG_CUDA_LAUNCHED();
+}
+TG_INSTANTIATE_KERNELS(TG_KERNELS_BOUNDARY, TG_FP32_TYPES)
 
 // adafactor_step_multi is in optim_tensor.cu, next to the per-tensor Adafactor kernels it generalizes.
 template void adam_step_multi<float>(const AdamTensor<float>*, int, const AdamScalars&);

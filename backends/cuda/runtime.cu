@@ -1,4 +1,5 @@
 // Device queries, streams and events, host<->device copies and fill.
+#include <atomic>
 #include <string>
 
 #include <cuda_profiler_api.h>
@@ -168,7 +169,12 @@ void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, t_current_stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
 }
+namespace {
+std::atomic<std::int64_t> g_host_reads{0};
+}  // namespace
+std::int64_t device_to_host_reads() { return g_host_reads.load(); }
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes) {
+  g_host_reads.fetch_add(1, std::memory_order_relaxed);
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, t_current_stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
 }

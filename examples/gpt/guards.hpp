@@ -212,7 +212,13 @@ void validate_options(const Options& o) {
     if (!o.init_from.empty()) throw tg::Error("--tp/--pp: start from a checkpoint with --resume (--init-from is not combined yet)");
     if (!o.plot.empty() || o.sample_every > 0 || o.log_errors != "stop" || o.allow_nonfinite_weights)
       throw tg::Error("--tp/--pp: --plot, --sample-every, --log-errors warn and --allow-nonfinite-weights are not combined with the grid run yet");
+    if (o.device_boundary) throw tg::Error("--device-boundary is not combined with --tp/--pp (their ranks decide each step together, on the host)");
   }
+  if (o.device_boundary && !o.dist.empty())
+    throw tg::Error("--device-boundary runs on one process: with --dist the ranks decide each step together, on the host");
+  if (o.device_boundary && o.optimizer != "adam" && o.optimizer != "adamw")
+    throw tg::Error("--device-boundary needs --optimizer adam or adamw (their kernels read the step from the device); got ", o.optimizer);
+  if (o.device_boundary && o.offload) throw tg::Error("--device-boundary is not combined with --offload (the update runs on the host)");
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))
       throw tg::Error("--bucket-mb must be a positive number of MiB up to 4096, got ", o.bucket_mb);

@@ -43,6 +43,7 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     step_options.after_update = [&] { s.prune->pruner.apply_to_weights(); };
   }
   step_options.sync = s.dp.get();  // --dist: reduce gradients over the ranks (Note [data parallelism in the trainer])
+  step_options.device_boundary = o.device_boundary;  // Note [the step boundary on the device]
   tg::train::TrainStep<P, C, D> step(s.params, *s.opt, s.schedule, step_options, tg::optim::GradAccumRuntime(o.grad_accum));
   if (!probe) s.resume(step);  // --resume: weights, optimizer, positions, loss scaler (and pruning masks)
   if (s.prune && s.start_step == 0 && s.prune->update(0)) step.refresh_weights();  // one-shot pruning before step 1

@@ -602,6 +602,8 @@ void Session<D>::print_header() const {
               o.device.c_str(), Step::checkpointing::name, (long long)trained_positions, (long long)config.block_size,
               (long long)window());
   std::printf("precision %s (Note [precision policies]; loss scaler: %s)\n", o.precision.c_str(), Step::scaler_type::kind());
+  if (o.device_boundary)
+    std::printf("step boundary on the device (Note [the step boundary on the device]): one read of its outcome per step\n");
   if (o.offload) std::printf("optimizer offload: the %s state and update on the host (CPU kernels); the device keeps weights and gradients\n", opt->name());
   if (dp)
     std::printf("data parallel: %s over %d ranks (%s), %zu buckets of <= %.0f MiB, %s reduction, overlap %s; global batch %lld x %lld\n",

@@ -128,7 +128,7 @@ struct AdamConsts {
 };
 /// decoupled: AdamW (p *= 1 - lr·wd before the update); else Adam with L2 (g += wd·p). step >= 1.
 template <class T>
-inline AdamConsts<T> adam_consts(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+TG_HOST_DEVICE inline AdamConsts<T> adam_consts(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
                                  long long step) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));

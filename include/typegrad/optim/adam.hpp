@@ -56,6 +56,7 @@ class BasicAdamRule : public BasicOptimizer<D> {
     float lr, beta1, beta2, eps, weight_decay;
   };
   const char* name() const override { return Decoupled ? "AdamW" : "Adam"; }
+  bool reads_device_boundary() const override { return true; }
 
  protected:
   BasicAdamRule(std::vector<BasicParamGroup<D>> groups, Hyper h)
@@ -64,7 +65,9 @@ class BasicAdamRule : public BasicOptimizer<D> {
   }
   std::vector<SlotSpec> slots(const Shape& shape) const override { return adam_slots(shape); }
   void update(std::span<Update> ready) override {
-    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step()); },
+    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
+    const bool on_device = this->boundary() != nullptr;
+    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); },
                        [&](std::span<Update> run) {
                          backend::AdamScalars s;
                          s.lr = run[0].lr();
@@ -74,6 +77,9 @@ class BasicAdamRule : public BasicOptimizer<D> {
                          s.weight_decay = run[0].weight_decay();
                          s.decoupled = Decoupled;
                          s.step = run[0].step();
+                         // Note [the step boundary on the device]: skip, lr (· the group's scale) and t from the state
+                         s.boundary = this->boundary();
+                         s.lr_scale = run[0].lr_scale();
                          tensors_.clear();
                          written_.clear();
                          for (const Update& u : run) {

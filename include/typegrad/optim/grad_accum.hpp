@@ -14,6 +14,7 @@
 
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/optim/clip.hpp"
+#include "typegrad/optim/device_boundary.hpp"
 #include "typegrad/optim/schedule.hpp"
 
 namespace tg::optim {
@@ -149,6 +150,49 @@ class GradAccumulator {
     return true;
   }
 
+  /// micro_step with the decision on the device (Note [the step boundary on the device]): on every N-th
+  /// call the boundary's kernels decide and the optimizer steps from them; nothing is read. The host's
+  /// counters advance in finish_device_step, after the step's state is read.
+  template <class Opt, class Boundary>
+  bool micro_step_on_device(Opt& opt, Boundary& boundary) {
+    if (++micro_ < n()) return false;
+    micro_ = 0;
+    boundary.decide(opt);
+    opt.step_on_device(boundary.state());
+    opt.zero_grad();
+    pending_device_step_ = true;
+    return true;
+  }
+  /// The host's side of a step decided on the device, from its read state: the scaler's update, the step
+  /// counts, the schedule and the reported norm, as micro_step leaves them for the same decision. Throws
+  /// NonFiniteStep as micro_step does under OnNonFinite::stop (nothing was applied).
+  template <class Opt, class Scaler>
+  void finish_device_step(Opt& opt, Schedule& schedule, Scaler& scaler, const BoundaryReadout& r) {
+    TG_CHECK(pending_device_step_, "GradAccum::finish_device_step: no step was decided on the device");
+    pending_device_step_ = false;
+    bad_loss_ = false;
+    constexpr bool scaler_checks = [] {
+      if constexpr (requires { Scaler::scales_loss; }) return static_cast<bool>(Scaler::scales_loss);
+      else return false;
+    }();
+    const bool found_inf = scaler_checks && r.found_inf;
+    scaler.update(found_inf);
+    last_skipped_ = found_inf;
+    if (r.norm_measured) last_norm_ = r.norm;
+    if (!r.skipped) {
+      schedule.advance();
+      ++steps_;
+      return;
+    }
+    opt.undo_step();
+    if (!found_inf && on_non_finite_ == OnNonFinite::stop) {
+      if (r.bad_loss) throw NonFiniteStep("the loss is ", r.bad_loss_value, "; no update was applied");
+      throw NonFiniteStep("the global gradient norm is ", r.norm, "; no update was applied");
+    }
+    last_skipped_ = true;
+    ++skipped_;
+  }
+
   /// Note [non-finite steps without a scaler]: what to do with a NaN/inf loss or gradient norm when no
   /// loss scaler checks the gradients (default: apply, as torch does).
   void on_non_finite(OnNonFinite policy) { on_non_finite_ = policy; }
@@ -201,6 +245,7 @@ class GradAccumulator {
   const CrossRank* cross_ = nullptr;
   bool bad_loss_ = false;
   double bad_loss_value_ = 0.0;
+  bool pending_device_step_ = false;
 };
 
 /// N micro-batches per optimizer step, N known at compile time.

@@ -140,6 +140,47 @@ class BasicOptimizer : public AnyOptimizer {
     for (Update& u : ready_) u.grad = Tensor<fp32, D>();  // no reference to a gradient outlives step()
   }
 
+  /// step() with the decision on the device (Note [the step boundary on the device]): the update rule's
+  /// kernel reads skip, lr and t from `state` (kBoundarySize fp64 values on D). The step counts advance
+  /// here as if the step is taken; undo_step() takes them back when the host reads that it was skipped.
+  void step_on_device(const double* state) {
+    TG_CHECK(reads_device_boundary(), name(), ": this optimizer cannot take its step from a device boundary (Adam and AdamW can)");
+    boundary_ = state;
+    try {
+      step();
+    } catch (...) {
+      boundary_ = nullptr;
+      throw;
+    }
+    boundary_ = nullptr;
+  }
+  /// Takes back the step counts of the last step() (a step the device skipped: nothing was updated).
+  void undo_step() {
+    TG_CHECK(step_ > 0, name(), ".undo_step: no step to take back");
+    --step_;
+    for (Update& u : ready_) --u.state->step;
+    ready_.clear();
+  }
+  /// Whether the update rule can read its step from a device boundary (step_on_device).
+  virtual bool reads_device_boundary() const { return false; }
+  /// The update count every parameter shares (the t - 1 of the next step); an error naming two parameters
+  /// when they differ (a parameter that had no gradient at some step).
+  std::int64_t uniform_param_step() const {
+    const State* first = nullptr;
+    const std::string* first_name = nullptr;
+    for (auto& g : groups_)
+      for (std::size_t i = 0; i < g.params.size(); ++i) {
+        if (!first) {
+          first = &g.state[i];
+          first_name = &g.params[i].name;
+        } else if (g.state[i].step != first->step) {
+          throw Error(name(), ": parameter '", *first_name, "' has ", first->step, " updates and '", g.params[i].name, "' ",
+                      g.state[i].step, ": the step boundary on the device needs every parameter updated at every step");
+        }
+      }
+    return first ? first->step : 0;
+  }
+
   /// Drops every gradient (set_to_none, the default), or zero-fills them in place, keeping the buffers.
   void zero_grad(bool set_to_none = true) {
     for (auto& g : groups_)
@@ -284,6 +325,7 @@ class BasicOptimizer : public AnyOptimizer {
     std::int64_t numel() const { return param->tensor.numel(); }
     const Shape& shape() const { return param->tensor.shape(); }
     float lr() const { return group->lr; }
+    float lr_scale() const { return group->lr_scale; }
     float weight_decay() const { return group->weight_decay; }
     std::int64_t step() const { return state->step; }
   };
@@ -313,6 +355,9 @@ class BasicOptimizer : public AnyOptimizer {
     g[0].params = std::move(params);
     return g;
   }
+
+  /// The device boundary state of the step in progress (step_on_device), or nullptr.
+  const double* boundary() const { return boundary_; }
 
   /// The state buffers this optimizer keeps for a parameter of `shape`.
   virtual std::vector<SlotSpec> slots(const Shape& shape) const = 0;
@@ -360,7 +405,8 @@ class BasicOptimizer : public AnyOptimizer {
   }
 
   std::vector<Group> groups_;
-  std::vector<Update> ready_;  // reused by step()
+  std::vector<Update> ready_;  // reused by step(); after it, the parameters it stepped (undo_step)
+  const double* boundary_ = nullptr;
   float lr_ = 0.f;
   std::int64_t step_ = 0;
 };

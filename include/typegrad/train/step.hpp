@@ -4,6 +4,7 @@
 //   const tg::train::StepResult r = step.run(model, [&] { return sampler.next(); }, dropout_gen);   // r.loss, r.lr, ...
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "typegrad/amp/mixed_precision.hpp"
 #include "typegrad/autodiff/checkpoint.hpp"
 #include "typegrad/optim/cross_rank.hpp"
+#include "typegrad/optim/device_boundary.hpp"
 #include "typegrad/optim/grad_accum.hpp"
 #include "typegrad/optim/optimizer.hpp"
 #include "typegrad/optim/schedule.hpp"
@@ -80,6 +82,11 @@ struct StepOptions {
   /// A data-parallel run's synchronisation (dist::DataParallel), watched, not owned; nullptr: one process.
   /// StepResult::loss is then the mean over the ranks.
   StepSync* sync = nullptr;
+  /// Decide the boundary on the step's device (Note [the step boundary on the device]): the losses, the
+  /// overflow check, the norm and clipping stay on the device, the optimizer reads its step from there, and
+  /// run() reads the outcome once, after the step. The same results as the host boundary (bit for bit on the
+  /// CPU). Needs an optimizer that reads a device boundary (Adam, AdamW) and one process (no sync).
+  bool device_boundary = false;
 };
 
 template <amp::PrecisionPolicy P, ActivationCheckpointing Checkpointing = NoCheckpoint, Device D = cpu,
@@ -106,6 +113,18 @@ class TrainStep {
         opt_(&opt) {
     accum_.on_non_finite(options_.on_non_finite);
     accum_.cross_rank(options_.sync);
+    if (options_.device_boundary) {
+      TG_CHECK(!options_.sync, "TrainStep: device_boundary runs on one process; a data-parallel step (sync) decides on the host");
+      TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (Adam, AdamW); ", opt.name(),
+               " does not");
+      backend::BoundaryRule rule;
+      rule.scaler_checks = Scaler::scales_loss;
+      rule.check_non_finite = options_.on_non_finite != optim::OnNonFinite::apply && !Scaler::scales_loss;
+      rule.clip = options_.clip.has_value();
+      rule.max_norm = options_.clip.value_or(0.0);
+      TG_CHECK(!rule.clip || (rule.max_norm >= 0 && !std::isnan(rule.max_norm)), "clip_grad_norm: max_norm must be >= 0, got ", rule.max_norm);
+      boundary_.emplace(rule);
+    }
   }
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -129,6 +148,7 @@ class TrainStep {
     r.scale = precision_.scaler.scale();
     r.lr = schedule_->lr();
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
+    if (boundary_) return run_on_device(model, next_batch, dropout_gen, loss_fn, r);
     losses_.clear();
     for (std::int64_t m = 0; m < n; ++m) {
       const auto batch = next_batch();
@@ -192,6 +212,43 @@ class TrainStep {
   const StepOptions& options() const { return options_; }
 
  private:
+  /// run() with the boundary on the device (Note [the step boundary on the device]): no read until the
+  /// step's kernels are all queued, then one.
+  template <class Model, class NextBatch, class LossFn>
+  StepResult run_on_device(const Model& model, NextBatch& next_batch, Generator& dropout_gen, LossFn& loss_fn, StepResult r) {
+    const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
+    const float lr_before = opt_->lr();
+    boundary_->begin(r.lr, opt_->uniform_param_step(), r.scale, n);
+    bool stepped = false;
+    for (std::int64_t m = 0; m < n; ++m) {
+      const auto batch = next_batch();
+      const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
+      boundary_->note_loss(loss, n);
+      mul(loss, boundary_->loss_factor()).backward();  // accum.scale(loss, scaler) with the factor on the device
+      if (m + 1 == n && options_.before_update) options_.before_update();
+      if (m + 1 == n) opt_->set_lr(r.lr);
+      stepped = accum_.micro_step_on_device(*opt_, *boundary_) || stepped;
+    }
+    TG_CHECK(stepped, "TrainStep: the step ended between micro-batches (restore_steps mid-step?)");
+    const optim::BoundaryReadout out = boundary_->read();  // the step's one read
+    r.loss = out.loss;
+    try {
+      accum_.finish_device_step(*opt_, *schedule_, precision_.scaler, out);
+    } catch (...) {
+      opt_->set_lr(lr_before);
+      throw;
+    }
+    if (accum_.last_step_skipped()) {
+      opt_->set_lr(lr_before);  // a skipped step leaves the optimizer's lr as it was
+    } else if (options_.after_update) {
+      options_.after_update();
+    }
+    precision_.after_step(accum_, options_.after_update ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
+    r.skipped = accum_.skipped_steps() != skipped_before;
+    r.grad_norm = accum_.last_grad_norm();
+    return r;
+  }
+
   // The model seen through the checkpointing policy: forward<T>(...) is model.forward<T, Checkpointing>(...).
   template <class Model>
   struct WithCheckpointing {
@@ -214,6 +271,7 @@ class TrainStep {
   optim::Schedule* schedule_;
   StepOptions options_;
   optim::BasicOptimizer<D>* opt_;
+  std::optional<optim::DeviceBoundary<D>> boundary_;  // Note [the step boundary on the device]
 };
 
 }  // namespace tg::train

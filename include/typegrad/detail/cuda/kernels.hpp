@@ -55,6 +55,9 @@ std::int64_t padded_gemm_calls();
 /// How many attention forwards and backwards in this process ran the fused tensor-core kernels (Note [flash
 /// attention on the GPU] in backends/cuda/flash_attention.cu) instead of the composite. 0 without the CUDA backend.
 std::int64_t flash_attention_calls();
+/// How many device-to-host reads (each waits for the stream's queue) this process made: a training step with
+/// its boundary on the device makes one (Note [the step boundary on the device]). 0 without the CUDA backend.
+std::int64_t device_to_host_reads();
 /// Turns the fused attention kernels on or off for the process (on unless TG_CUDA_ATTENTION=composite at
 /// start): off, every attention runs the composite. Without the CUDA backend, enabling is an error.
 void set_flash_attention(bool enabled);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "typegrad/detail/kernels/declare.hpp"
+#include "typegrad/detail/macros.hpp"
 
 namespace tg::backend {
 
@@ -28,6 +29,55 @@ struct AdamScalars {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   bool decoupled = false;  // false: Adam (L2 added to g); true: AdamW (p *= 1 - lr*wd first)
   std::int64_t step = 1;   // this tensor's step count t >= 1, after increment
+  /// Note [the step boundary on the device]: when set, the kernel reads the step from this state on its
+  /// device instead of lr and step above: nothing is updated when state[kSkip] != 0, else lr =
+  /// float(state[kLr]) · lr_scale (the group's lr, as set_lr computes it) and t = state[kStep] + 1.
+  const double* boundary = nullptr;
+  float lr_scale = 1.f;
+};
+
+// Note [the step boundary on the device]
+// A training step's boundary (unscale, the inf/NaN check, clipping, the optimizer step) decides on values the
+// step computed: the losses, whether a gradient overflowed, the global norm. The host boundary
+// (optim/grad_accum.hpp) reads them to decide; on a GPU each read waits for the queue to drain, and a step
+// captured as one CUDA graph cannot read at all. The device boundary (optim/device_boundary.hpp) keeps every
+// such value in one small fp64 state on the step's device, written and read by these kernels in the stream's
+// order:
+//   boundary_begin       the host's part, once per step before its first forward: the schedule's lr, the
+//                        optimizer's update count t-1, the loss scale S, and the backward's loss factor
+//                        float(S / n) (n micro-batches); the per-step fields cleared.
+//   boundary_note_loss   each micro-batch: loss sum += loss / n; the first non-finite loss remembered.
+//   boundary_unscale     g *= float(1 / S) for every gradient; found_inf when any was inf or NaN.
+//   boundary_sum_squares Σ g² in fp64 over the gradients the norm counts.
+//   boundary_decide      skip = found_inf (with a scaler that scales the loss) or, under OnNonFinite stop or
+//                        skip, a non-finite loss or norm; the norm and the clipping factor.
+//   boundary_clip        g *= float(coef) when the step is taken and coef < 1.
+// The optimizer's kernel then reads skip, lr and t from the state (AdamScalars::boundary). The host reads the
+// state once after the step (one download) to report it and to advance its own counters (the scaler's
+// update, the schedule, the step counts) exactly as the host boundary does; the next begin hands the new
+// scale back. Every value is computed with the host boundary's fp64 arithmetic and its kernels, so on the CPU
+// the two boundaries are the same bit for bit.
+enum BoundarySlot : int {
+  kLr = 0,          // the schedule's lr for this step (host-written)
+  kStep,            // the optimizer's update count before this step (host-written)
+  kScale,           // the loss scale S of this step's backward (host-written; 1 without a scaler)
+  kLoss,            // Σ micro-batch loss / n
+  kBadLoss,         // 1 when a micro-batch loss was inf or NaN
+  kBadLossValue,    // the first such loss
+  kFoundInf,        // 1 when unscale met an inf or NaN gradient
+  kSumSquares,      // Σ g² of the gradients the norm counts
+  kNorm,            // sqrt(kSumSquares)
+  kNormMeasured,    // 1 when the norm was measured (clipping or a non-finite check, and no overflow)
+  kCoef,            // the clipping factor (1: no clipping)
+  kSkip,            // 1 when the step is skipped: the optimizer updates nothing
+  kBoundarySize
+};
+/// What boundary_decide decides by (constant over a run).
+struct BoundaryRule {
+  bool scaler_checks = false;     // a loss scaler scales the loss: its overflow check decides (fp16)
+  bool check_non_finite = false;  // OnNonFinite stop or skip, without a checking scaler
+  bool clip = false;
+  double max_norm = 0;
 };
 
 struct LambScalars {
@@ -126,3 +176,46 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM)
     __VA_ARGS__)                                                                                                     \
   K(void, adafactor_step_multi, (const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& s), __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_OPTIM_MULTI)
+
+// The device boundary's kernels (Note [the step boundary on the device]); `state` holds kBoundarySize fp64
+// values on the kernel's device; `grads` and `sizes` are host arrays of `count` contiguous fp32 gradients.
+#define TG_KERNELS_BOUNDARY(K, ...)                                                                                \
+  K(void, boundary_begin, (double* state, T* loss_factor, double lr, double step, double scale, double inv_n), __VA_ARGS__)                                    \
+  K(void, boundary_note_loss, (double* state, const T* loss, double n), __VA_ARGS__)                               \
+  K(void, boundary_unscale, (T* const* grads, const std::int64_t* sizes, int count, double* state), __VA_ARGS__)   \
+  K(void, boundary_sum_squares, (const T* const* grads, const std::int64_t* sizes, int count, double* state),      \
+    __VA_ARGS__)                                                                                                   \
+  K(void, boundary_decide, (double* state, const BoundaryRule& rule), __VA_ARGS__)                 \
+  K(void, boundary_clip, (T* const* grads, const std::int64_t* sizes, int count, const double* state), __VA_ARGS__)
+TG_DECLARE_KERNELS(TG_KERNELS_BOUNDARY)
+
+namespace tg::backend {
+/// std::isfinite for the device: x - x is 0 for finite x and NaN for inf or NaN.
+TG_HOST_DEVICE inline bool boundary_finite(double x) { return x - x == 0.0; }
+/// boundary_decide's arithmetic, shared by the CPU and the CUDA kernel (one thread): the host boundary's
+/// order and formulas (optim/grad_accum.hpp, optim/clip.hpp), the same fp64 operations.
+TG_HOST_DEVICE inline void boundary_decide_values(double* st, const BoundaryRule& r) {
+  const bool found_inf = r.scaler_checks && st[kFoundInf] != 0;
+  const bool check = r.check_non_finite && !r.scaler_checks;
+  const double norm = std::sqrt(st[kSumSquares]);
+  bool skip = found_inf;
+  if (!found_inf && check) skip = st[kBadLoss] != 0 || !boundary_finite(norm);
+  st[kNorm] = norm;
+  st[kNormMeasured] = !found_inf && (r.clip || check) ? 1.0 : 0.0;
+  double coef = 1.0;
+  if (!skip && r.clip && boundary_finite(norm)) {
+    const double c = r.max_norm / (norm + 1e-6);
+    if (c < 1.0) coef = c;
+  }
+  st[kCoef] = coef;
+  st[kSkip] = skip ? 1.0 : 0.0;
+}
+/// The Adam scalars of a step decided on the device (AdamScalars::boundary); false: the step is skipped.
+TG_HOST_DEVICE inline bool resolve_boundary(AdamScalars& s) {
+  if (!s.boundary) return true;
+  if (s.boundary[kSkip] != 0) return false;
+  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
+  return true;
+}
+}  // namespace tg::backend

@@ -1,0 +1,106 @@
+// The step boundary on the step's device (Note [the step boundary on the device]): the state the boundary's
+// kernels decide in, and its one read-back per step. train::TrainStep uses it with StepOptions::device_boundary.
+//   tg::optim::DeviceBoundary<tg::cuda> b({.clip = true, .max_norm = 1.0});
+//   b.begin(lr, opt.uniform_param_step(), scale, n);     // each step, before its first forward
+//   b.note_loss(loss, n);  mul(loss, b.loss_factor()).backward();   // each micro-batch
+//   b.decide(opt);  opt.step_on_device(b.state());  opt.zero_grad();  const auto r = b.read();
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "typegrad/core/tensor.hpp"
+#include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/kernels/optim.hpp"
+#include "typegrad/optim/cross_rank.hpp"
+#include "typegrad/optim/optimizer.hpp"
+
+namespace tg::optim {
+
+/// What the host reads of a step decided on the device.
+struct BoundaryReadout {
+  double loss = 0;            ///< Σ micro-batch loss / n
+  bool bad_loss = false;      ///< a micro-batch loss was inf or NaN
+  double bad_loss_value = 0;  ///< the first such loss
+  bool found_inf = false;     ///< unscale met an inf or NaN gradient
+  bool norm_measured = false;
+  double norm = 0;            ///< the global gradient norm before clipping (when measured)
+  bool skipped = false;       ///< the optimizer updated nothing
+};
+
+/// The state of the step boundary on device D: kBoundarySize fp64 values and the backward's loss factor.
+template <Device D>
+class DeviceBoundary {
+ public:
+  explicit DeviceBoundary(backend::BoundaryRule rule)
+      : rule_(rule), state_(Tensor<fp64, D>::zeros({backend::kBoundarySize})), factor_(Tensor<fp32, D>::ones({})) {
+    TG_CHECK(!rule.clip || (rule.max_norm >= 0 && rule.max_norm == rule.max_norm), "DeviceBoundary: max_norm must be >= 0, got ",
+             rule.max_norm);
+  }
+
+  /// The host's part of a step, before its first forward: the schedule's lr, the optimizer's update count
+  /// before the step (uniform_param_step()), the loss scale of the step's backward, micro-batches per step.
+  void begin(double lr, std::int64_t step, double scale, std::int64_t micro_batches) {
+    TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), lr, static_cast<double>(step), scale,
+                                       1.0 / static_cast<double>(micro_batches)));
+  }
+  /// A micro-batch's loss (fp32 scalar on D), one of n.
+  void note_loss(const Tensor<fp32, D>& loss, std::int64_t n) {
+    TG_CHECK(loss.numel() == 1, "DeviceBoundary::note_loss: the loss must be a scalar, got shape ", loss.shape());
+    const Tensor<fp32, D> l = loss.detach().contiguous();
+    TG_BACKEND(D, boundary_note_loss<fp32>(state_.data(), l.data(), static_cast<double>(n)));
+  }
+  /// The factor each micro-batch's loss is multiplied by before its backward: float(S / n).
+  const Tensor<fp32, D>& loss_factor() const { return factor_; }
+
+  /// The boundary's kernels over opt's gradients, in the host boundary's order: unscale (when a scaler
+  /// scales the loss), Σ g² (when clipping or checking), the decision, clipping.
+  template <class Opt>
+  void decide(const Opt& opt) {
+    grads_.clear();
+    sizes_.clear();
+    opt.for_each_param([&](const BasicParam<D>& p) {
+      const Tensor<fp32, D> g = p.tensor.grad();
+      if (!g.defined() || g.numel() == 0) return;
+      TG_CHECK(g.is_contiguous(), "DeviceBoundary: the gradient of '", p.name, "' is not contiguous");
+      grads_.push_back(g.data());
+      sizes_.push_back(g.numel());
+    });
+    const int count = static_cast<int>(grads_.size());
+    if (rule_.scaler_checks) TG_BACKEND(D, boundary_unscale<fp32>(grads_.data(), sizes_.data(), count, state_.data()));
+    if (rule_.clip || (rule_.check_non_finite && !rule_.scaler_checks)) {
+      cgrads_.assign(grads_.begin(), grads_.end());
+      TG_BACKEND(D, boundary_sum_squares<fp32>(cgrads_.data(), sizes_.data(), count, state_.data()));
+    }
+    TG_BACKEND(D, boundary_decide<fp32>(state_.data(), rule_));
+    if (rule_.clip) TG_BACKEND(D, boundary_clip<fp32>(grads_.data(), sizes_.data(), count, state_.data()));
+  }
+
+  /// The state on D (kBoundarySize fp64 values), for the optimizer's kernel.
+  const double* state() const { return state_.data(); }
+
+  /// The step's outcome: one download of the state.
+  BoundaryReadout read() const {
+    const std::vector<double> v = state_.detach().template to<cpu>().to_vector();
+    BoundaryReadout r;
+    r.loss = v[backend::kLoss];
+    r.bad_loss = v[backend::kBadLoss] != 0;
+    r.bad_loss_value = v[backend::kBadLossValue];
+    r.found_inf = v[backend::kFoundInf] != 0;
+    r.norm_measured = v[backend::kNormMeasured] != 0;
+    r.norm = v[backend::kNorm];
+    r.skipped = v[backend::kSkip] != 0;
+    return r;
+  }
+  const backend::BoundaryRule& rule() const { return rule_; }
+
+ private:
+  backend::BoundaryRule rule_;
+  Tensor<fp64, D> state_;
+  Tensor<fp32, D> factor_;
+  std::vector<fp32*> grads_;  // reused: no allocation in the steady state
+  std::vector<const fp32*> cgrads_;
+  std::vector<std::int64_t> sizes_;
+};
+
+}  // namespace tg::optim

@@ -1,0 +1,223 @@
+// The step boundary on the device (Note [the step boundary on the device]): on the CPU a TrainStep whose
+// boundary is decided by the boundary kernels equals the host boundary bit for bit over 20 AdamW steps (fp32,
+// bf16 and fp16 with its dynamic scaler, dropout, accumulation 3, clipping, an injected inf, the scale's
+// growth), with the same step counts, schedule, scaler state, skipped steps and reported norms; under
+// OnNonFinite stop and skip it applies nothing; compiled it replays; it rejects what it cannot do.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "nn/gpt_test_util.hpp"
+
+#include <typegrad/amp/amp.hpp>
+#include <typegrad/compile/compile.hpp>
+#include <typegrad/data/sampler.hpp>
+#include <typegrad/nn/gpt.hpp>
+#include <typegrad/optim/optim.hpp>
+#include <typegrad/train/step.hpp>
+
+namespace {
+
+tg::nn::GPTConfig config(float dropout) {
+  tg::nn::GPTConfig c;
+  c.vocab_size = 50;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.dropout = dropout;
+  return c;
+}
+
+tg::data::Batch batch(std::int64_t k) {
+  return {tg::testing::random_tokens(3, 12, 50, 700 + 2 * static_cast<std::uint64_t>(k)),
+          tg::testing::random_tokens(3, 12, 50, 701 + 2 * static_cast<std::uint64_t>(k))};
+}
+
+struct Scenario {
+  float dropout = 0.1f;
+  std::int64_t accum = 3;
+  int steps = 20;
+  int inf_step = -1;   // this step's loss is multiplied by inf
+  int nan_step = -1;   // this step's loss is multiplied by NaN
+  double clip = 1.0;   // 0: no clipping
+  tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
+  bool compiled = false;
+};
+
+struct Outcome {
+  std::vector<double> losses, norms, scales;
+  std::vector<float> lrs;
+  std::vector<bool> skipped;
+  std::vector<std::vector<float>> weights;
+  std::vector<tg::optim::NamedTensor> opt_state;
+  tg::amp::ScalerState scaler;
+  std::int64_t steps_taken = 0, steps_skipped = 0, schedule_step = 0, opt_steps = 0;
+  float opt_lr = 0;
+  int thrown = 0;
+};
+
+template <class Policy, class Scaler = tg::amp::default_scaler_t<Policy>>
+Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
+  tg::Generator init(3), drop(4);
+  tg::nn::GPT model(config(s.dropout), init);
+  const auto ps = model.named_parameters();
+  tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
+  tg::train::StepOptions options;
+  if (s.clip > 0) options.clip = s.clip;
+  options.on_non_finite = s.on_non_finite;
+  options.device_boundary = device;
+  tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cpu, tg::optim::GradAccumRuntime, Scaler> step(
+      ps, opt, sched, options, tg::optim::GradAccumRuntime(s.accum), scaler);
+  const tg::Tensor<float> poison = tg::Tensor<float>::ones({});
+  std::int64_t k = 0;
+  auto one_step = [&]() {
+    return step.run(model, [&] { return batch(k++); }, drop, [&](const auto& logits, const tg::data::Batch& b) {
+      return tg::mul(step.precision().loss(logits, b.targets), poison);
+    });
+  };
+  auto compiled = tg::compile(one_step);
+  compiled.set_parameters(ps);
+  Outcome out;
+  for (int i = 0; i < s.steps; ++i) {
+    poison.data()[0] = i == s.inf_step ? std::numeric_limits<float>::infinity()
+                       : i == s.nan_step ? std::numeric_limits<float>::quiet_NaN()
+                                         : 1.f;
+    try {
+      const tg::train::StepResult r = s.compiled ? compiled() : one_step();
+      out.losses.push_back(r.loss);
+      out.norms.push_back(r.grad_norm);
+      out.scales.push_back(r.scale);
+      out.lrs.push_back(r.lr);
+      out.skipped.push_back(r.skipped);
+    } catch (const tg::optim::NonFiniteStep&) {
+      ++out.thrown;
+      out.losses.push_back(-1);
+      out.norms.push_back(-1);
+      out.scales.push_back(-1);
+      out.lrs.push_back(-1);
+      out.skipped.push_back(true);
+    }
+  }
+  for (const auto& p : ps) out.weights.push_back(p.tensor.to_vector());
+  out.opt_state = opt.state_tensors();
+  out.scaler = step.scaler().state();
+  out.steps_taken = step.steps_taken();
+  out.steps_skipped = step.steps_skipped();
+  out.schedule_step = sched.step();
+  out.opt_steps = opt.step_count();
+  out.opt_lr = opt.lr();
+  return out;
+}
+
+bool same_double(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void expect_same(const Outcome& got, const Outcome& ref, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_TRUE(same_double(got.losses[i], ref.losses[i])) << what << ": step " << i << " loss " << got.losses[i] << " vs " << ref.losses[i];
+    EXPECT_TRUE(same_double(got.norms[i], ref.norms[i])) << what << ": step " << i << " norm " << got.norms[i] << " vs " << ref.norms[i];
+    EXPECT_TRUE(same_double(got.scales[i], ref.scales[i])) << what << ": step " << i;
+    EXPECT_EQ(got.lrs[i], ref.lrs[i]) << what << ": step " << i;
+    EXPECT_EQ(got.skipped[i], ref.skipped[i]) << what << ": step " << i;
+  }
+  ASSERT_EQ(got.weights.size(), ref.weights.size());
+  for (std::size_t t = 0; t < ref.weights.size(); ++t)
+    EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << what << ": tensor " << t;
+  ASSERT_EQ(got.opt_state.size(), ref.opt_state.size()) << what;
+  for (std::size_t i = 0; i < ref.opt_state.size(); ++i) {
+    EXPECT_EQ(got.opt_state[i].name, ref.opt_state[i].name) << what;
+    const auto a = got.opt_state[i].tensor.to_vector(), b = ref.opt_state[i].tensor.to_vector();
+    ASSERT_EQ(a.size(), b.size()) << what << ": " << ref.opt_state[i].name;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << ": " << ref.opt_state[i].name;
+  }
+  EXPECT_EQ(got.scaler, ref.scaler) << what;
+  EXPECT_EQ(got.steps_taken, ref.steps_taken) << what;
+  EXPECT_EQ(got.steps_skipped, ref.steps_skipped) << what;
+  EXPECT_EQ(got.schedule_step, ref.schedule_step) << what;
+  EXPECT_EQ(got.opt_steps, ref.opt_steps) << what;
+  EXPECT_EQ(got.opt_lr, ref.opt_lr) << what;
+  EXPECT_EQ(got.thrown, ref.thrown) << what;
+}
+
+TEST(DeviceBoundary, EqualsTheHostBoundaryFp32WithDropoutAccumulationAndClipping) {
+  const Scenario s{};
+  const Outcome ref = train<tg::amp::fp32_policy>(s, false);
+  expect_same(train<tg::amp::fp32_policy>(s, true), ref, "fp32, dropout 0.1, accumulation 3, clip 1");
+  // Clipping changed some steps (the comparison covers the clipped gradients).
+  int clipped = 0;
+  for (double n : ref.norms) clipped += n > 1.0;
+  EXPECT_GT(clipped, 0) << "no step was clipped: the scenario does not test clipping";
+}
+
+TEST(DeviceBoundary, EqualsTheHostBoundaryBf16WithoutClipping) {
+  const Scenario s{.clip = 0};
+  expect_same(train<tg::amp::bf16_mixed>(s, true), train<tg::amp::bf16_mixed>(s, false), "bf16 mixed, no clipping");
+}
+
+TEST(DeviceBoundary, EqualsTheHostBoundaryFp16WithAnInfAndTheScalesGrowth) {
+  // Growth every 4 clean steps and an overflow at step 6: the scale backs off and grows on both sides.
+  const Scenario s{.inf_step = 6};
+  const tg::amp::DynamicScaler scaler({.init_scale = 1024.0, .growth_interval = 4});
+  const Outcome ref = train<tg::amp::fp16_mixed>(s, false, scaler);
+  ASSERT_TRUE(ref.skipped[6]);
+  EXPECT_EQ(ref.steps_skipped, 1);
+  EXPECT_GT(ref.scaler.scale, 1024.0) << "the scale never grew: the scenario does not test growth";
+  expect_same(train<tg::amp::fp16_mixed>(s, true, scaler), ref, "fp16 mixed, dynamic scaler, inf at step 6");
+}
+
+TEST(DeviceBoundary, AStaticScaleThatOverflowsSkipsEveryStep) {
+  const Scenario s{.steps = 3};
+  const Outcome got = train<tg::amp::fp16_mixed, tg::amp::StaticScaler>(s, true, tg::amp::StaticScaler(1e30));
+  expect_same(got, train<tg::amp::fp16_mixed, tg::amp::StaticScaler>(s, false, tg::amp::StaticScaler(1e30)), "static scale 1e30");
+  EXPECT_EQ(got.steps_skipped, 3);
+  EXPECT_EQ(got.steps_taken, 0);
+  EXPECT_EQ(got.opt_steps, 0) << "a skipped step's counts are taken back";
+  EXPECT_EQ(got.schedule_step, 0);
+  EXPECT_TRUE(got.opt_state.size() == 1) << "no parameter state is exported after skipped steps only";
+}
+
+TEST(DeviceBoundary, NonFiniteLossesSkipOrStopAsOnTheHost) {
+  for (const auto policy : {tg::optim::OnNonFinite::skip, tg::optim::OnNonFinite::stop}) {
+    const Scenario s{.steps = 8, .nan_step = 3, .on_non_finite = policy};
+    const Outcome ref = train<tg::amp::bf16_mixed>(s, false);
+    const std::string what = policy == tg::optim::OnNonFinite::skip ? "skip" : "stop";
+    EXPECT_EQ(ref.thrown, policy == tg::optim::OnNonFinite::stop ? 1 : 0) << what;
+    EXPECT_TRUE(ref.skipped[3]) << what;
+    expect_same(train<tg::amp::bf16_mixed>(s, true), ref, what + " on a NaN loss at step 3");
+  }
+}
+
+TEST(DeviceBoundary, CompiledItReplaysTheEagerSteps) {
+  const Scenario s{.inf_step = 5, .compiled = true};
+  Scenario eager = s;
+  eager.compiled = false;
+  expect_same(train<tg::amp::fp16_mixed>(s, true), train<tg::amp::fp16_mixed>(eager, false), "compiled fp16, inf at step 5");
+}
+
+TEST(DeviceBoundary, RejectsWhatItCannotDecide) {
+  tg::Generator init(3);
+  tg::nn::GPT model(config(0.f), init);
+  const auto ps = model.named_parameters();
+  tg::optim::Schedule sched = tg::optim::Constant{1e-3f};
+  {
+    tg::optim::Sgd sgd(ps, {.lr = 1e-3f});
+    try {
+      tg::train::TrainStep<tg::amp::fp32_policy> step(ps, sgd, sched, {.device_boundary = true});
+      ADD_FAILURE() << "SGD accepted a device boundary";
+    } catch (const tg::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Adam"), std::string::npos) << e.what();
+    }
+  }
+  {
+    tg::optim::AdamW opt(ps, {.lr = 1e-3f});
+    EXPECT_THROW((tg::train::TrainStep<tg::amp::fp32_policy>(ps, opt, sched, {.clip = -1.0, .device_boundary = true})), tg::Error);
+  }
+}
+
+}  // namespace
