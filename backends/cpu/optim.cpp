@@ -215,7 +215,9 @@ void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars&
   }
 }
 template <class T>
-void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& s) {
+void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& scalars) {
+  SgdScalars s = scalars;
+  if (!resolve_boundary(s)) return;  // Note [the step boundary on the device]: a skipped step
   for (int i = 0; i < count; ++i) sgd_step<T>(tensors[i].p, tensors[i].g, tensors[i].buf, tensors[i].n, s);
 }
 template <class T>

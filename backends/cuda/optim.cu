@@ -110,7 +110,11 @@ __global__ void scale_multi_kernel(float* const* xs, const std::int64_t* sizes, 
 
 template <bool kMomentum>
 __global__ void sgd_multi_kernel(const SgdTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                 math::SgdConsts<float> c) {
+                                 math::SgdConsts<float> c, SgdScalars s) {
+  if (s.boundary) {  // Note [the step boundary on the device]: skip and lr from the state
+    if (!resolve_boundary(s)) return;
+    c.lr = static_cast<float>(s.lr);
+  }
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const SgdTensor<float> t = tensors[chunks[b].tensor];
     const std::int64_t end = chunks[b].start + kChunk < t.n ? chunks[b].start + kChunk : t.n;
@@ -232,8 +236,8 @@ void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& s)
   const SgdTensor<float>* dt = detail::upload(wt, tensors, count);
   const Chunk* dc = detail::upload(wc, chunks.data(), static_cast<std::int64_t>(chunks.size()));
   const auto n_chunks = static_cast<std::int64_t>(chunks.size());
-  if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c);
-  else sgd_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c);
+  if (c.use_mom) sgd_multi_kernel<true><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s);
+  else sgd_multi_kernel<false><<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s);
   TG_CUDA_LAUNCHED();
 }
 

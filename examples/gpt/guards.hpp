@@ -216,8 +216,9 @@ void validate_options(const Options& o) {
   }
   if (o.device_boundary && !o.dist.empty())
     throw tg::Error("--device-boundary runs on one process: with --dist the ranks decide each step together, on the host");
-  if (o.device_boundary && o.optimizer != "adam" && o.optimizer != "adamw")
-    throw tg::Error("--device-boundary needs --optimizer adam or adamw (their kernels read the step from the device); got ", o.optimizer);
+  if (o.device_boundary && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "sgd")
+    throw tg::Error("--device-boundary needs --optimizer adamw, adam or sgd (their kernels read the step from the device; lamb and adafactor read "
+                    "their per-tensor norms back on the host); got ", o.optimizer);
   if (o.device_boundary && o.offload) throw tg::Error("--device-boundary is not combined with --offload (the update runs on the host)");
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))

@@ -53,13 +53,16 @@ class BasicSgd final : public BasicOptimizer<D> {
   }
   BasicSgd(std::vector<BasicParam<D>> params, SgdOptions o) : BasicSgd(Base::one_group(std::move(params)), o) {}
   const char* name() const override { return "Sgd"; }
+  bool reads_device_boundary() const override { return true; }
   const SgdOptions& options() const { return o_; }
 
  protected:
   std::vector<SlotSpec> slots(const Shape& shape) const override { return sgd_slots(o_, shape); }
   void update(std::span<Update> ready) override {
     // The momentum buffer starts as the first step's d: first steps are their own call.
-    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step() == 1); },
+    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
+    const bool on_device = this->boundary() != nullptr;
+    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step() == 1); },
                        [&](std::span<Update> run) {
                          backend::SgdScalars s;
                          s.lr = run[0].lr();
@@ -68,6 +71,8 @@ class BasicSgd final : public BasicOptimizer<D> {
                          s.weight_decay = run[0].weight_decay();
                          s.nesterov = o_.nesterov;
                          s.first_step = run[0].step() == 1;
+                         s.boundary = this->boundary();  // Note [the step boundary on the device]: skip and lr from there
+                         s.lr_scale = run[0].lr_scale();
                          const bool momentum = o_.momentum != 0.f;
                          tensors_.clear();
                          for (const Update& u : run)

@@ -85,7 +85,7 @@ struct StepOptions {
   /// Decide the boundary on the step's device (Note [the step boundary on the device]): the losses, the
   /// overflow check, the norm and clipping stay on the device, the optimizer reads its step from there, and
   /// run() reads the outcome once, after the step. The same results as the host boundary (bit for bit on the
-  /// CPU). Needs an optimizer that reads a device boundary (Adam, AdamW) and one process (no sync).
+  /// CPU). Needs an optimizer that reads a device boundary (SGD, Adam, AdamW) and one process (no sync).
   bool device_boundary = false;
 };
 
@@ -115,7 +115,7 @@ class TrainStep {
     accum_.cross_rank(options_.sync);
     if (options_.device_boundary) {
       TG_CHECK(!options_.sync, "TrainStep: device_boundary runs on one process; a data-parallel step (sync) decides on the host");
-      TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (Adam, AdamW); ", opt.name(),
+      TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (SGD, Adam, AdamW; LAMB and Adafactor read their norms back on the host); ", opt.name(),
                " does not");
       backend::BoundaryRule rule;
       rule.scaler_checks = Scaler::scales_loss;

@@ -23,6 +23,9 @@ struct SgdScalars {
   double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
   bool first_step = false;  // buf is initialised to d_p (PyTorch's "clone on first use")
+  /// Note [the step boundary on the device]: as AdamScalars::boundary (skip and lr; SGD has no step count).
+  const double* boundary = nullptr;
+  float lr_scale = 1.f;
 };
 
 struct AdamScalars {
@@ -209,6 +212,13 @@ TG_HOST_DEVICE inline void boundary_decide_values(double* st, const BoundaryRule
   }
   st[kCoef] = coef;
   st[kSkip] = skip ? 1.0 : 0.0;
+}
+/// The SGD scalars of a step decided on the device (SgdScalars::boundary); false: the step is skipped.
+TG_HOST_DEVICE inline bool resolve_boundary(SgdScalars& s) {
+  if (!s.boundary) return true;
+  if (s.boundary[kSkip] != 0) return false;
+  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  return true;
 }
 /// The Adam scalars of a step decided on the device (AdamScalars::boundary); false: the step is skipped.
 TG_HOST_DEVICE inline bool resolve_boundary(AdamScalars& s) {
