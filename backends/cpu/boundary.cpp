@@ -10,12 +10,8 @@
 namespace tg::backend::cpu {
 
 template <class T>
-void boundary_begin(double* state, T* loss_factor, double lr, double step, double scale, double inv_n) {
-  for (int i = 0; i < kBoundarySize; ++i) state[i] = 0;
-  state[kLr] = lr;
-  state[kStep] = step;
-  state[kScale] = scale;
-  *loss_factor = static_cast<T>(scale * inv_n);  // accum.scale(loss, scaler)'s factor
+void boundary_begin(double* state, T* loss_factor, const BoundaryStart& start) {
+  boundary_begin_values(state, loss_factor, start);
 }
 template <class T>
 void boundary_note_loss(double* state, const T* loss, double n) {

@@ -177,7 +177,8 @@ void adam_step_multi(const AdamTensor<T>* tensors, int count, const AdamScalars&
       TG_CHECK(tensors[i].copy_type == WeightCopyType::none, "adam_step_multi: tensor ", i,
                " asks for a weight copy, and copies are written from fp32 masters only");
   }
-  const auto c = math::adam_consts<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+  const auto c = s.boundary ? math::adam_consts_from<T>(s.lr, s.bc1, s.bc2, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled)
+                            : math::adam_consts<T>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
   auto run = [&](std::int64_t lo, std::int64_t hi) {  // elements [lo, hi) of the concatenation
     std::int64_t start = 0;
     for (int i = 0; i < count && start < hi; ++i) {

@@ -20,8 +20,9 @@ using detail::kChunk;
 
 // ---- kernels --------------------------------------------------------------------------------------------
 /// Adam / AdamW over every chunk. kBoundary (Note [the step boundary on the device]): the step is read from
-/// the boundary state `s.boundary` instead of `c`: each block resolves it once (skip, lr, t) and computes the
-/// constants as the host would (math::adam_consts, fp64, rounded once).
+/// the boundary state `s.boundary` instead of `c`: each block resolves it once (skip, lr, the host's bias
+/// corrections) and computes the constants as the host does (math::adam_consts_from, each fp64 operation
+/// rounded on its own).
 template <bool kBoundary>
 __global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                   math::AdamConsts<float> c, AdamScalars s) {
@@ -30,7 +31,7 @@ __global__ void adam_multi_kernel(const AdamTensor<float>* tensors, const Chunk*
     __shared__ bool go;
     if (threadIdx.x == 0) {
       go = resolve_boundary(s);
-      if (go) resolved = math::adam_consts<float>(s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, s.step);
+      if (go) resolved = math::adam_consts_from<float>(s.lr, s.bc1, s.bc2, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled);
     }
     __syncthreads();
     if (!go) return;
@@ -167,12 +168,8 @@ __global__ void lamb_apply_multi_kernel(const LambTensor<float>* tensors, const 
 }
 
 // ---- the step boundary on the device (Note [the step boundary on the device]) ----------------------------
-__global__ void boundary_begin_kernel(double* state, float* loss_factor, double lr, double step, double scale, double inv_n) {
-  for (int i = 0; i < kBoundarySize; ++i) state[i] = 0;
-  state[kLr] = lr;
-  state[kStep] = step;
-  state[kScale] = scale;
-  *loss_factor = static_cast<float>(scale * inv_n);
+__global__ void boundary_begin_kernel(double* state, float* loss_factor, BoundaryStart start) {
+  boundary_begin_values(state, loss_factor, start);
 }
 
 __global__ void boundary_note_loss_kernel(double* state, const float* loss, double n) {
@@ -347,8 +344,8 @@ struct GradTables {
 }  // namespace
 
 template <class T>
-void boundary_begin(double* state, T* loss_factor, double lr, double step, double scale, double inv_n) {
-  boundary_begin_kernel<<<1, 1, 0, detail::stream()>>>(state, loss_factor, lr, step, scale, inv_n);
+void boundary_begin(double* state, T* loss_factor, const BoundaryStart& start) {
+  boundary_begin_kernel<<<1, 1, 0, detail::stream()>>>(state, loss_factor, start);
   TG_CUDA_LAUNCHED();
 }
 template <class T>

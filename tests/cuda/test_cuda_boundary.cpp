@@ -1,11 +1,13 @@
 // The step boundary on the GPU (Note [the step boundary on the device]): a TrainStep of nn::BasicGPT<cuda> whose
-// boundary the device decides logs the host boundary's losses, skips the same fp16 steps, ends at the same
-// weights (within the rounding of the device's fp64 pow in Adam's bias corrections) and reads the device once
-// per step. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
+// boundary the device decides logs the host boundary's losses, skips the same steps (fp16 overflows, a NaN
+// loss under OnNonFinite::skip), keeps the optimizer's lr, ends at the same weights bit for bit and reads the
+// device once per step; AdamW and SGD, with per-group lr scales. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <typegrad/amp/amp.hpp>
@@ -32,8 +34,17 @@ tg::data::Batch batch(std::uint64_t k) {
   return {x, y};
 }
 
+struct Case {
+  int inf_step = -1;       // the loss (and so the gradients) times inf at this step
+  int bad_loss_step = -1;  // NaN added to the loss at this step (the gradients stay finite)
+  bool sgd = false;        // SGD with momentum instead of AdamW
+  bool clip = true;
+  tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
+};
+
 struct Outcome {
   std::vector<double> losses, norms;
+  std::vector<float> opt_lrs;  // the optimizer's lr after each step
   std::vector<bool> skipped;
   std::vector<std::int64_t> reads;  // device-to-host reads per step
   std::vector<std::vector<float>> weights;
@@ -42,29 +53,38 @@ struct Outcome {
 };
 
 template <class Policy>
-Outcome train(bool device, int inf_step) {
+Outcome train(bool device, const Case& c) {
   tg::Generator init(3), drop(4);
   const tg::nn::GPT host(kConfig, init);
   const tg::nn::BasicGPT<tg::cuda> model(host);
   const auto ps = model.named_parameters();
-  tg::optim::BasicAdamW<tg::cuda> opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+  auto groups = tg::optim::default_groups(ps, 0.1f);
+  groups[0].lr_scale = 0.5f;  // the device multiplies the state's lr by each group's scale
+  groups[1].lr_scale = 2.f;
+  std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>> opt;
+  if (c.sgd) opt = std::make_unique<tg::optim::BasicSgd<tg::cuda>>(std::move(groups), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f});
+  else opt = std::make_unique<tg::optim::BasicAdamW<tg::cuda>>(std::move(groups), tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 8, 3e-4f});
-  tg::train::StepOptions options{.clip = 1.0};
+  tg::train::StepOptions options;
+  if (c.clip) options.clip = 1.0;
+  options.on_non_finite = c.on_non_finite;
   options.device_boundary = device;
-  tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cuda> step(ps, opt, sched, options, tg::optim::GradAccumRuntime(2));
-  tg::Tensor<float, tg::cuda> poison;  // 1, or inf at inf_step (the same ops: only a value changes)
+  tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cuda> step(ps, *opt, sched, options, tg::optim::GradAccumRuntime(2));
+  tg::Tensor<float, tg::cuda> poison, bad;  // only values change between steps: the same ops
   std::uint64_t k = 0;
   Outcome out;
   for (int i = 0; i < 10; ++i) {
-    poison = tg::Tensor<float>::full({}, i == inf_step ? std::numeric_limits<double>::infinity() : 1.0).template to<tg::cuda>();
+    poison = tg::Tensor<float>::full({}, i == c.inf_step ? std::numeric_limits<double>::infinity() : 1.0).template to<tg::cuda>();
+    bad = tg::Tensor<float>::full({}, i == c.bad_loss_step ? std::numeric_limits<double>::quiet_NaN() : 0.0).template to<tg::cuda>();
     const std::int64_t before = tg::backend::cuda::device_to_host_reads();
     const auto r = step.run(model, [&] { return batch(k++); }, drop, [&](const auto& logits, const tg::data::Batch& b) {
-      return tg::mul(step.precision().loss(logits, b.targets), poison);
+      return tg::add(tg::mul(step.precision().loss(logits, b.targets), poison), bad);
     });
     out.reads.push_back(tg::backend::cuda::device_to_host_reads() - before);
     out.losses.push_back(r.loss);
     out.norms.push_back(r.grad_norm);
     out.skipped.push_back(r.skipped);
+    out.opt_lrs.push_back(opt->lr());
   }
   for (const auto& p : ps) out.weights.push_back(p.tensor.detach().template to<tg::cpu>().to_vector());
   out.scaler = step.scaler().state();
@@ -73,24 +93,33 @@ Outcome train(bool device, int inf_step) {
 }
 
 template <class Policy>
-void expect_same_steps(int inf_step) {
+void expect_same_steps(const Case& c) {
   TG_SKIP_WITHOUT_GPU();
-  const Outcome got = train<Policy>(true, inf_step), ref = train<Policy>(false, inf_step);
+  const Outcome got = train<Policy>(true, c), ref = train<Policy>(false, c);
+  // The same kernels and the same fp64 arithmetic on both sides (the norm's chunk sums added in the same
+  // order, Adam's constants from the host's bias corrections, each fp64 operation rounded on its own): equal.
   for (std::size_t i = 0; i < ref.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i;
-    EXPECT_NEAR(got.norms[i], ref.norms[i], 1e-5 * std::abs(ref.norms[i]) + 1e-12) << "step " << i;
+    if (std::isnan(ref.losses[i])) EXPECT_TRUE(std::isnan(got.losses[i])) << "step " << i;
+    else EXPECT_EQ(got.losses[i], ref.losses[i]) << "step " << i;
+    EXPECT_EQ(got.norms[i], ref.norms[i]) << "step " << i;
     EXPECT_EQ(got.skipped[i], ref.skipped[i]) << "step " << i;
+    EXPECT_EQ(got.opt_lrs[i], ref.opt_lrs[i]) << "step " << i;
     EXPECT_EQ(got.reads[i], 1) << "step " << i << ": the device boundary reads the device once per step";
-    EXPECT_GT(ref.reads[i], 1) << "step " << i << ": the host boundary reads the losses and the norm (or the overflow flag) apart";
+    EXPECT_GT(ref.reads[i], 1) << "step " << i << ": the host boundary reads each micro-batch's loss apart";
   }
+  if (c.inf_step >= 0) EXPECT_TRUE(ref.skipped[static_cast<std::size_t>(c.inf_step)]);
+  if (c.bad_loss_step >= 0) EXPECT_TRUE(ref.skipped[static_cast<std::size_t>(c.bad_loss_step)]);
   EXPECT_EQ(got.scaler, ref.scaler);
   EXPECT_EQ(got.steps_taken, ref.steps_taken);
   for (std::size_t t = 0; t < ref.weights.size(); ++t)
-    for (std::size_t j = 0; j < ref.weights[t].size(); ++j)
-      ASSERT_NEAR(got.weights[t][j], ref.weights[t][j], 1e-5f + 1e-4f * std::abs(ref.weights[t][j])) << "tensor " << t << " element " << j;
+    EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << "tensor " << t;
 }
 
-TEST(CudaBoundary, DecidesTheHostBoundarysStepsInBf16) { expect_same_steps<tg::amp::bf16_mixed>(-1); }
-TEST(CudaBoundary, SkipsTheSameFp16StepsWithAnInf) { expect_same_steps<tg::amp::fp16_mixed>(4); }
+TEST(CudaBoundary, DecidesTheHostBoundarysStepsInBf16) { expect_same_steps<tg::amp::bf16_mixed>({}); }
+TEST(CudaBoundary, SkipsTheSameFp16StepsWithAnInf) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 4}); }
+TEST(CudaBoundary, SkipsANonFiniteLossWithFiniteGradients) {
+  expect_same_steps<tg::amp::bf16_mixed>({.inf_step = 3, .bad_loss_step = 6, .clip = false, .on_non_finite = tg::optim::OnNonFinite::skip});
+}
+TEST(CudaBoundary, SgdWithMomentumInFp16) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 5, .sgd = true}); }
 
 }  // namespace

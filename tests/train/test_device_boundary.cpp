@@ -44,7 +44,8 @@ struct Scenario {
   std::int64_t accum = 3;
   int steps = 20;
   int inf_step = -1;   // this step's loss is multiplied by inf
-  int nan_step = -1;   // this step's loss is multiplied by NaN
+  int nan_step = -1;   // this step's loss is multiplied by NaN (its gradients turn NaN too)
+  int bad_loss_step = -1;  // NaN is added to this step's loss (its gradients stay finite)
   double clip = 1.0;   // 0: no clipping
   tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
   bool compiled = false;
@@ -61,13 +62,20 @@ struct Outcome {
   std::int64_t steps_taken = 0, steps_skipped = 0, schedule_step = 0, opt_steps = 0;
   float opt_lr = 0;
   int thrown = 0;
+  std::vector<std::string> errors;     // the NonFiniteStep messages
+  std::int64_t decided_on_device = 0;  // steps whose boundary the device decided
+  std::int64_t captures = 0, replays = 0;
 };
 
-/// AdamW, or SGD with momentum (Scenario::sgd), over the default groups (two weight decays).
+/// AdamW, or SGD with momentum (Scenario::sgd), over the default groups (two weight decays) with lr scales 0.5
+/// and 2 (the device reads the lr and multiplies by each group's scale).
 std::unique_ptr<tg::optim::Optimizer> optimizer(const std::vector<tg::optim::Param>& ps, bool sgd) {
-  if (sgd)
-    return std::make_unique<tg::optim::Sgd>(tg::optim::default_groups(ps, 0.01f), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f, .nesterov = true});
-  return std::make_unique<tg::optim::AdamW>(tg::optim::default_groups(ps, 0.1f),
+  auto groups = tg::optim::default_groups(ps, sgd ? 0.01f : 0.1f);
+  EXPECT_EQ(groups.size(), 2u);
+  groups[0].lr_scale = 0.5f;
+  groups[1].lr_scale = 2.f;
+  if (sgd) return std::make_unique<tg::optim::Sgd>(std::move(groups), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f, .nesterov = true});
+  return std::make_unique<tg::optim::AdamW>(std::move(groups),
                                             tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
 }
 
@@ -85,11 +93,11 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
   options.device_boundary = device;
   tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cpu, tg::optim::GradAccumRuntime, Scaler> step(
       ps, opt, sched, options, tg::optim::GradAccumRuntime(s.accum), scaler);
-  const tg::Tensor<float> poison = tg::Tensor<float>::ones({});
+  const tg::Tensor<float> poison = tg::Tensor<float>::ones({}), bad = tg::Tensor<float>::zeros({});
   std::int64_t k = 0;
   auto one_step = [&]() {
     return step.run(model, [&] { return batch(k++); }, drop, [&](const auto& logits, const tg::data::Batch& b) {
-      return tg::mul(step.precision().loss(logits, b.targets), poison);
+      return tg::add(tg::mul(step.precision().loss(logits, b.targets), poison), bad);
     });
   };
   auto compiled = tg::compile(one_step);
@@ -99,6 +107,7 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
     poison.data()[0] = i == s.inf_step ? std::numeric_limits<float>::infinity()
                        : i == s.nan_step ? std::numeric_limits<float>::quiet_NaN()
                                          : 1.f;
+    bad.data()[0] = i == s.bad_loss_step ? std::numeric_limits<float>::quiet_NaN() : 0.f;
     try {
       const tg::train::StepResult r = s.compiled ? compiled() : one_step();
       out.losses.push_back(r.loss);
@@ -106,8 +115,9 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
       out.scales.push_back(r.scale);
       out.lrs.push_back(r.lr);
       out.skipped.push_back(r.skipped);
-    } catch (const tg::optim::NonFiniteStep&) {
+    } catch (const tg::optim::NonFiniteStep& e) {
       ++out.thrown;
+      out.errors.push_back(e.what());
       out.losses.push_back(-1);
       out.norms.push_back(-1);
       out.scales.push_back(-1);
@@ -123,6 +133,9 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
   out.schedule_step = sched.step();
   out.opt_steps = opt.step_count();
   out.opt_lr = opt.lr();
+  out.decided_on_device = step.steps_decided_on_device();
+  out.captures = compiled.captures();
+  out.replays = compiled.replays();
   return out;
 }
 
@@ -154,6 +167,10 @@ void expect_same(const Outcome& got, const Outcome& ref, const std::string& what
   EXPECT_EQ(got.opt_steps, ref.opt_steps) << what;
   EXPECT_EQ(got.opt_lr, ref.opt_lr) << what;
   EXPECT_EQ(got.thrown, ref.thrown) << what;
+  EXPECT_EQ(got.errors, ref.errors) << what;
+  // The device decided every step of `got`, none of `ref` (the comparison is of the two boundaries).
+  EXPECT_EQ(got.decided_on_device, static_cast<std::int64_t>(got.losses.size())) << what;
+  EXPECT_EQ(ref.decided_on_device, 0) << what;
 }
 
 TEST(DeviceBoundary, EqualsTheHostBoundaryFp32WithDropoutAccumulationAndClipping) {
@@ -195,12 +212,18 @@ TEST(DeviceBoundary, AStaticScaleThatOverflowsSkipsEveryStep) {
 
 TEST(DeviceBoundary, NonFiniteLossesSkipOrStopAsOnTheHost) {
   for (const auto policy : {tg::optim::OnNonFinite::skip, tg::optim::OnNonFinite::stop}) {
-    const Scenario s{.steps = 8, .nan_step = 3, .on_non_finite = policy};
+    // Step 3: the loss and the gradients NaN (the norm decides); step 6: only the loss NaN (the loss decides).
+    const Scenario s{.steps = 8, .nan_step = 3, .bad_loss_step = 6, .on_non_finite = policy};
     const Outcome ref = train<tg::amp::bf16_mixed>(s, false);
     const std::string what = policy == tg::optim::OnNonFinite::skip ? "skip" : "stop";
-    EXPECT_EQ(ref.thrown, policy == tg::optim::OnNonFinite::stop ? 1 : 0) << what;
+    EXPECT_EQ(ref.thrown, policy == tg::optim::OnNonFinite::stop ? 2 : 0) << what;
     EXPECT_TRUE(ref.skipped[3]) << what;
-    expect_same(train<tg::amp::bf16_mixed>(s, true), ref, what + " on a NaN loss at step 3");
+    EXPECT_TRUE(ref.skipped[6]) << what;
+    if (policy == tg::optim::OnNonFinite::stop) {
+      ASSERT_EQ(ref.errors.size(), 2u);
+      EXPECT_NE(ref.errors[1].find("the loss is nan"), std::string::npos) << ref.errors[1];
+    }
+    expect_same(train<tg::amp::bf16_mixed>(s, true), ref, what + " on NaN losses at steps 3 and 6");
   }
 }
 
@@ -208,7 +231,10 @@ TEST(DeviceBoundary, CompiledItReplaysTheEagerSteps) {
   const Scenario s{.inf_step = 5, .compiled = true};
   Scenario eager = s;
   eager.compiled = false;
-  expect_same(train<tg::amp::fp16_mixed>(s, true), train<tg::amp::fp16_mixed>(eager, false), "compiled fp16, inf at step 5");
+  const Outcome got = train<tg::amp::fp16_mixed>(s, true);
+  expect_same(got, train<tg::amp::fp16_mixed>(eager, false), "compiled fp16, inf at step 5");
+  EXPECT_EQ(got.captures, 1) << "the skipped step replayed too";
+  EXPECT_EQ(got.replays, s.steps - 1);
 }
 
 TEST(DeviceBoundary, EqualsTheHostBoundaryWithSgdAndAnInf) {

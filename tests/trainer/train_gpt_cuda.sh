@@ -6,7 +6,8 @@
 #     resumed runs continue with the uninterrupted run's losses within tolerance;
 #  3. --checkpoint blocks, sampling and evaluation run on the GPU;
 #  4. --optimizer sgd, lamb and adafactor on the GPU log the CPU's losses within tolerance, and a LAMB run
-#     checkpointed on the GPU resumes on the CPU (and an Adafactor one the other way) with the same losses.
+#     checkpointed on the GPU resumes on the CPU (and an Adafactor one the other way) with the same losses;
+#  5. --device-boundary (bf16, fp16, SGD) logs the host boundary's losses on the GPU.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -91,3 +92,16 @@ losses cpu_adafactor.jsonl | sed -n '4,6p' > af_cpu_tail.txt
 losses af_gpu_resumed.jsonl > af_gpu_resumed.txt
 close af_cpu_tail.txt af_gpu_resumed.txt 1e-3 1e-2
 echo "4. sgd, lamb and adafactor on the GPU match the CPU, and their checkpoints move between the devices"
+
+# --device-boundary (Note [the step boundary on the device]): the GPU decides each step's boundary and the losses
+# are the host boundary's (bf16 with clipping, fp16 with its scaler, SGD).
+for p in bf16 fp16; do
+  "$T" "${C[@]}" --precision $p --device cuda --device-boundary --log gpu_boundary_$p.jsonl > gpu_boundary_$p.out
+  grep -q "step boundary on the device" gpu_boundary_$p.out
+  losses gpu_boundary_$p.jsonl > gpu_boundary_$p.txt
+  close gpu_$p.txt gpu_boundary_$p.txt 0 0
+done
+"$T" "${C[@]}" --optimizer sgd --device cuda --device-boundary --log gpu_boundary_sgd.jsonl > gpu_boundary_sgd.out
+losses gpu_boundary_sgd.jsonl > gpu_boundary_sgd.txt
+close gpu_sgd.txt gpu_boundary_sgd.txt 0 0
+echo "5. --device-boundary on the GPU logs the host boundary's losses"

@@ -126,16 +126,29 @@ struct AdamConsts {
   T step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd, decay;
   bool l2, decoupled;
 };
-/// decoupled: AdamW (p *= 1 - lr·wd before the update); else Adam with L2 (g += wd·p). step >= 1.
+/// The bias corrections 1 - β^t of step t >= 1 (the host's pow; a device boundary gets them from the host).
+inline double adam_bias_correction(double beta, long long step) { return 1.0 - std::pow(beta, static_cast<double>(step)); }
+/// adam_consts from the bias corrections bc1 = 1 - β1^t, bc2 = 1 - β2^t. Every fp64 operation is rounded on
+/// its own on both devices (no fused multiply-add on the GPU), so both compute the same constants.
 template <class T>
-TG_HOST_DEVICE inline AdamConsts<T> adam_consts(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
-                                 long long step) {
-  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+TG_HOST_DEVICE inline AdamConsts<T> adam_consts_from(double lr, double bc1, double bc2, double beta1, double beta2, double eps,
+                                                     double weight_decay, bool decoupled) {
+#ifdef __CUDA_ARCH__
+  const double decay = __dsub_rn(1.0, __dmul_rn(lr, weight_decay));
+#else
+  const double decay = 1.0 - lr * weight_decay;
+#endif
   return {static_cast<T>(lr / bc1),       static_cast<T>(std::sqrt(bc2)), static_cast<T>(beta1),
           static_cast<T>(beta2),          static_cast<T>(1.0 - beta1),    static_cast<T>(1.0 - beta2),
-          static_cast<T>(eps),            static_cast<T>(weight_decay),   static_cast<T>(1.0 - lr * weight_decay),
+          static_cast<T>(eps),            static_cast<T>(weight_decay),   static_cast<T>(decay),
           !decoupled && weight_decay != 0.0, decoupled && weight_decay != 0.0};
+}
+/// decoupled: AdamW (p *= 1 - lr·wd before the update); else Adam with L2 (g += wd·p). step >= 1.
+template <class T>
+inline AdamConsts<T> adam_consts(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                                 long long step) {
+  return adam_consts_from<T>(lr, adam_bias_correction(beta1, step), adam_bias_correction(beta2, step), beta1, beta2, eps,
+                             weight_decay, decoupled);
 }
 /// One element of Adam / AdamW: m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr/bc1 · m / (√v/√bc2 + ε).
 template <class T>

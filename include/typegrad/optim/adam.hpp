@@ -5,6 +5,7 @@
 //   loss.backward();  opt.step();  opt.zero_grad();
 #pragma once
 
+#include "typegrad/detail/math.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -57,6 +58,9 @@ class BasicAdamRule : public BasicOptimizer<D> {
   };
   const char* name() const override { return Decoupled ? "AdamW" : "Adam"; }
   bool reads_device_boundary() const override { return true; }
+  std::pair<double, double> device_step_constants(std::int64_t t) const override {
+    return {math::adam_bias_correction(h_.beta1, t), math::adam_bias_correction(h_.beta2, t)};
+  }
 
  protected:
   BasicAdamRule(std::vector<BasicParamGroup<D>> groups, Hyper h)

@@ -1,12 +1,13 @@
 // The step boundary on the step's device (Note [the step boundary on the device]): the state the boundary's
 // kernels decide in, and its one read-back per step. train::TrainStep uses it with StepOptions::device_boundary.
 //   tg::optim::DeviceBoundary<tg::cuda> b({.clip = true, .max_norm = 1.0});
-//   b.begin(lr, opt.uniform_param_step(), scale, n);     // each step, before its first forward
+//   const auto t = opt.uniform_param_step();  b.begin(lr, t, opt.device_step_constants(t + 1), scale, n);  // each step
 //   b.note_loss(loss, n);  mul(loss, b.loss_factor()).backward();   // each micro-batch
 //   b.decide(opt);  opt.step_on_device(b.state());  opt.zero_grad();  const auto r = b.read();
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "typegrad/core/tensor.hpp"
@@ -39,10 +40,17 @@ class DeviceBoundary {
   }
 
   /// The host's part of a step, before its first forward: the schedule's lr, the optimizer's update count
-  /// before the step (uniform_param_step()), the loss scale of the step's backward, micro-batches per step.
-  void begin(double lr, std::int64_t step, double scale, std::int64_t micro_batches) {
-    TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), lr, static_cast<double>(step), scale,
-                                       1.0 / static_cast<double>(micro_batches)));
+  /// before the step (uniform_param_step()) and its step constants for the next (device_step_constants), the
+  /// loss scale of the step's backward, micro-batches per step.
+  void begin(double lr, std::int64_t step, std::pair<double, double> step_constants, double scale, std::int64_t micro_batches) {
+    backend::BoundaryStart b;
+    b.lr = lr;
+    b.step = static_cast<double>(step);
+    b.bc1 = step_constants.first;
+    b.bc2 = step_constants.second;
+    b.scale = scale;
+    b.inv_n = 1.0 / static_cast<double>(micro_batches);
+    TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), b));
   }
   /// A micro-batch's loss (fp32 scalar on D), one of n.
   void note_loss(const Tensor<fp32, D>& loss, std::int64_t n) {
@@ -81,6 +89,7 @@ class DeviceBoundary {
 
   /// The step's outcome: one download of the state.
   BoundaryReadout read() const {
+    ++reads_;
     const std::vector<double> v = state_.detach().template to<cpu>().to_vector();
     BoundaryReadout r;
     r.loss = v[backend::kLoss];
@@ -93,6 +102,8 @@ class DeviceBoundary {
     return r;
   }
   const backend::BoundaryRule& rule() const { return rule_; }
+  /// How many times read() ran: one per step decided here.
+  std::int64_t reads() const { return reads_; }
 
  private:
   backend::BoundaryRule rule_;
@@ -101,6 +112,7 @@ class DeviceBoundary {
   std::vector<fp32*> grads_;  // reused: no allocation in the steady state
   std::vector<const fp32*> cgrads_;
   std::vector<std::int64_t> sizes_;
+  mutable std::int64_t reads_ = 0;
 };
 
 }  // namespace tg::optim

@@ -193,6 +193,16 @@ class GradAccumulator {
     ++skipped_;
   }
 
+  /// Takes back a step decided on the device whose outcome could not be read (an error between its
+  /// optimizer step and finish_device_step): the optimizer's step counts as before it. Nothing when none is
+  /// pending.
+  template <class Opt>
+  void abandon_device_step(Opt& opt) {
+    if (!pending_device_step_) return;
+    pending_device_step_ = false;
+    opt.undo_step();
+  }
+
   /// Note [non-finite steps without a scaler]: what to do with a NaN/inf loss or gradient norm when no
   /// loss scaler checks the gradients (default: apply, as torch does).
   void on_non_finite(OnNonFinite policy) { on_non_finite_ = policy; }

@@ -163,6 +163,12 @@ class BasicOptimizer : public AnyOptimizer {
   }
   /// Whether the update rule can read its step from a device boundary (step_on_device).
   virtual bool reads_device_boundary() const { return false; }
+  /// The per-step constants a device boundary hands the rule's kernel for update number t (Adam's bias
+  /// corrections 1 - β1^t and 1 - β2^t, computed here as the host step computes them); 1 and 1 otherwise.
+  virtual std::pair<double, double> device_step_constants(std::int64_t t) const {
+    (void)t;
+    return {1.0, 1.0};
+  }
   /// The update count every parameter shares (the t - 1 of the next step); an error naming two parameters
   /// when they differ (a parameter that had no gradient at some step).
   std::int64_t uniform_param_step() const {

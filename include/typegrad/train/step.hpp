@@ -201,6 +201,8 @@ class TrainStep {
   std::int64_t steps_taken() const { return accum_.steps(); }
   /// Steps skipped for inf/NaN (by the scaler or under OnNonFinite::skip).
   std::int64_t steps_skipped() const { return accum_.skipped_steps(); }
+  /// Steps whose boundary the device decided (StepOptions::device_boundary; 0 without it).
+  std::int64_t steps_decided_on_device() const { return boundary_ ? boundary_->reads() : 0; }
   /// Restores the accumulation position of a checkpoint (between optimizer steps).
   void restore_steps(std::int64_t steps_taken) { accum_.restore(steps_taken, 0); }
   /// Re-converts the weight copies from the masters (after loading weights outside an optimizer step).
@@ -218,23 +220,25 @@ class TrainStep {
   StepResult run_on_device(const Model& model, NextBatch& next_batch, Generator& dropout_gen, LossFn& loss_fn, StepResult r) {
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
     const float lr_before = opt_->lr();
-    boundary_->begin(r.lr, opt_->uniform_param_step(), r.scale, n);
-    bool stepped = false;
-    for (std::int64_t m = 0; m < n; ++m) {
-      const auto batch = next_batch();
-      const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
-      boundary_->note_loss(loss, n);
-      mul(loss, boundary_->loss_factor()).backward();  // accum.scale(loss, scaler) with the factor on the device
-      if (m + 1 == n && options_.before_update) options_.before_update();
-      if (m + 1 == n) opt_->set_lr(r.lr);
-      stepped = accum_.micro_step_on_device(*opt_, *boundary_) || stepped;
-    }
-    TG_CHECK(stepped, "TrainStep: the step ended between micro-batches (restore_steps mid-step?)");
-    const optim::BoundaryReadout out = boundary_->read();  // the step's one read
-    r.loss = out.loss;
+    const std::int64_t updates = opt_->uniform_param_step();
+    boundary_->begin(r.lr, updates, opt_->device_step_constants(updates + 1), r.scale, n);
     try {
+      bool stepped = false;
+      for (std::int64_t m = 0; m < n; ++m) {
+        const auto batch = next_batch();
+        const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
+        boundary_->note_loss(loss, n);
+        mul(loss, boundary_->loss_factor()).backward();  // accum.scale(loss, scaler) with the factor on the device
+        if (m + 1 == n && options_.before_update) options_.before_update();
+        if (m + 1 == n) opt_->set_lr(r.lr);
+        stepped = accum_.micro_step_on_device(*opt_, *boundary_) || stepped;
+      }
+      TG_CHECK(stepped, "TrainStep: the step ended between micro-batches (restore_steps mid-step?)");
+      const optim::BoundaryReadout out = boundary_->read();  // the step's one read
+      r.loss = out.loss;
       accum_.finish_device_step(*opt_, *schedule_, precision_.scaler, out);
-    } catch (...) {
+    } catch (...) {  // nothing counted for a step that did not finish (NonFiniteStep: nothing was applied)
+      accum_.abandon_device_step(*opt_);
       opt_->set_lr(lr_before);
       throw;
     }

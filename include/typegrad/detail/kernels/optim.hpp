@@ -34,9 +34,11 @@ struct AdamScalars {
   std::int64_t step = 1;   // this tensor's step count t >= 1, after increment
   /// Note [the step boundary on the device]: when set, the kernel reads the step from this state on its
   /// device instead of lr and step above: nothing is updated when state[kSkip] != 0, else lr =
-  /// float(state[kLr]) · lr_scale (the group's lr, as set_lr computes it) and t = state[kStep] + 1.
+  /// float(state[kLr]) · lr_scale (the group's lr, as set_lr computes it) and the bias corrections of
+  /// t = state[kStep] + 1 are state[kBiasCorrection1], [kBiasCorrection2] (the host's pow, written by begin).
   const double* boundary = nullptr;
   float lr_scale = 1.f;
+  double bc1 = 0, bc2 = 0;  // set by resolve_boundary
 };
 
 // Note [the step boundary on the device]
@@ -47,8 +49,9 @@ struct AdamScalars {
 // such value in one small fp64 state on the step's device, written and read by these kernels in the stream's
 // order:
 //   boundary_begin       the host's part, once per step before its first forward: the schedule's lr, the
-//                        optimizer's update count t-1, the loss scale S, and the backward's loss factor
-//                        float(S / n) (n micro-batches); the per-step fields cleared.
+//                        optimizer's update count t-1 and its step constants (Adam's bias corrections of
+//                        t, computed on the host as the host boundary computes them), the loss scale S, and
+//                        the backward's loss factor float(S / n) (n micro-batches); the rest cleared.
 //   boundary_note_loss   each micro-batch: loss sum += loss / n; the first non-finite loss remembered.
 //   boundary_unscale     g *= float(1 / S) for every gradient; found_inf when any was inf or NaN.
 //   boundary_sum_squares Σ g² in fp64 over the gradients the norm counts.
@@ -58,8 +61,9 @@ struct AdamScalars {
 // The optimizer's kernel then reads skip, lr and t from the state (AdamScalars::boundary). The host reads the
 // state once after the step (one download) to report it and to advance its own counters (the scaler's
 // update, the schedule, the step counts) exactly as the host boundary does; the next begin hands the new
-// scale back. Every value is computed with the host boundary's fp64 arithmetic and its kernels, so on the CPU
-// the two boundaries are the same bit for bit.
+// scale back. Every value is computed with the host boundary's fp64 arithmetic and its kernels (Adam's bias
+// corrections are the host's, handed over by begin), so the two boundaries are the same bit for bit: on the CPU
+// (tests/train/test_device_boundary.cpp) and, by the same construction, on a GPU (tests/cuda/test_cuda_boundary.cpp).
 enum BoundarySlot : int {
   kLr = 0,          // the schedule's lr for this step (host-written)
   kStep,            // the optimizer's update count before this step (host-written)
@@ -73,7 +77,17 @@ enum BoundarySlot : int {
   kNormMeasured,    // 1 when the norm was measured (clipping or a non-finite check, and no overflow)
   kCoef,            // the clipping factor (1: no clipping)
   kSkip,            // 1 when the step is skipped: the optimizer updates nothing
+  kBiasCorrection1, // Adam's 1 - β1^t for this step's t (host-written)
+  kBiasCorrection2, // Adam's 1 - β2^t
   kBoundarySize
+};
+/// What boundary_begin writes: the host's values of the step.
+struct BoundaryStart {
+  double lr = 0;      // the schedule's lr
+  double step = 0;    // the optimizer's update count before the step (t - 1)
+  double bc1 = 1, bc2 = 1;  // the optimizer's step constants for t (Adam's 1 - β1^t, 1 - β2^t; 1 otherwise)
+  double scale = 1;   // the loss scale S
+  double inv_n = 1;   // 1 / micro-batches
 };
 /// What boundary_decide decides by (constant over a run).
 struct BoundaryRule {
@@ -183,7 +197,7 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM_MULTI)
 // The device boundary's kernels (Note [the step boundary on the device]); `state` holds kBoundarySize fp64
 // values on the kernel's device; `grads` and `sizes` are host arrays of `count` contiguous fp32 gradients.
 #define TG_KERNELS_BOUNDARY(K, ...)                                                                                \
-  K(void, boundary_begin, (double* state, T* loss_factor, double lr, double step, double scale, double inv_n), __VA_ARGS__)                                    \
+  K(void, boundary_begin, (double* state, T* loss_factor, const BoundaryStart& start), __VA_ARGS__)                                    \
   K(void, boundary_note_loss, (double* state, const T* loss, double n), __VA_ARGS__)                               \
   K(void, boundary_unscale, (T* const* grads, const std::int64_t* sizes, int count, double* state), __VA_ARGS__)   \
   K(void, boundary_sum_squares, (const T* const* grads, const std::int64_t* sizes, int count, double* state),      \
@@ -213,6 +227,18 @@ TG_HOST_DEVICE inline void boundary_decide_values(double* st, const BoundaryRule
   st[kCoef] = coef;
   st[kSkip] = skip ? 1.0 : 0.0;
 }
+/// boundary_begin's writes, shared by the CPU and the CUDA kernel (one thread).
+template <class T>
+TG_HOST_DEVICE inline void boundary_begin_values(double* st, T* loss_factor, const BoundaryStart& b) {
+  for (int i = 0; i < kBoundarySize; ++i) st[i] = 0;
+  st[kLr] = b.lr;
+  st[kStep] = b.step;
+  st[kBiasCorrection1] = b.bc1;
+  st[kBiasCorrection2] = b.bc2;
+  st[kScale] = b.scale;
+  st[kCoef] = 1;
+  *loss_factor = static_cast<T>(b.scale * b.inv_n);  // accum.scale(loss, scaler)'s factor
+}
 /// The SGD scalars of a step decided on the device (SgdScalars::boundary); false: the step is skipped.
 TG_HOST_DEVICE inline bool resolve_boundary(SgdScalars& s) {
   if (!s.boundary) return true;
@@ -226,6 +252,8 @@ TG_HOST_DEVICE inline bool resolve_boundary(AdamScalars& s) {
   if (s.boundary[kSkip] != 0) return false;
   s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
   s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
+  s.bc1 = s.boundary[kBiasCorrection1];
+  s.bc2 = s.boundary[kBiasCorrection2];
   return true;
 }
 }  // namespace tg::backend
