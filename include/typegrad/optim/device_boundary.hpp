@@ -13,7 +13,6 @@
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/kernels/optim.hpp"
-#include "typegrad/optim/cross_rank.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {

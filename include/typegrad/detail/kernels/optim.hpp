@@ -197,12 +197,12 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM_MULTI)
 // The device boundary's kernels (Note [the step boundary on the device]); `state` holds kBoundarySize fp64
 // values on the kernel's device; `grads` and `sizes` are host arrays of `count` contiguous fp32 gradients.
 #define TG_KERNELS_BOUNDARY(K, ...)                                                                                \
-  K(void, boundary_begin, (double* state, T* loss_factor, const BoundaryStart& start), __VA_ARGS__)                                    \
+  K(void, boundary_begin, (double* state, T* loss_factor, const BoundaryStart& start), __VA_ARGS__)                \
   K(void, boundary_note_loss, (double* state, const T* loss, double n), __VA_ARGS__)                               \
   K(void, boundary_unscale, (T* const* grads, const std::int64_t* sizes, int count, double* state), __VA_ARGS__)   \
   K(void, boundary_sum_squares, (const T* const* grads, const std::int64_t* sizes, int count, double* state),      \
     __VA_ARGS__)                                                                                                   \
-  K(void, boundary_decide, (double* state, const BoundaryRule& rule), __VA_ARGS__)                 \
+  K(void, boundary_decide, (double* state, const BoundaryRule& rule), __VA_ARGS__)                                 \
   K(void, boundary_clip, (T* const* grads, const std::int64_t* sizes, int count, const double* state), __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_BOUNDARY)
 
