@@ -1,11 +1,13 @@
 // Unary elementwise kernels (exp, log, ..., gelu, silu), dropout and masked_fill. Strided inputs,
 // contiguous outputs; 16-bit storage is widened to fp32 in registers and rounded once on store.
 // The scalar formulas are math::apply / math::grad (detail/math.hpp), shared with the CUDA backend.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "typegrad/core/random.hpp"
+#include "typegrad/detail/chain_program.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
 #include "typegrad/detail/cpu/row_pieces.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
@@ -203,6 +205,167 @@ void masked_fill(const T* x, const Shape& sx, const std::uint8_t* mask, const Sh
     for (std::int64_t i = 0; i < len; ++i) py[i] = pm[i * im] ? value : px[i * ix];
   });
 }
+
+// ---- pointwise chains (Note [fusion rewrites]) ------------------------------------------------------------
+// The chain runs over blocks of kChainBlock output elements: each input's elements are gathered into a slot
+// array in the accumulation type, every step runs as one loop over the block (the same formulas as the unary
+// kernels above, vectorized alike), and the last slot is rounded once into the output. The backward recomputes
+// the block's slots, then walks the steps in reverse, adding each step's gradient into its operands' slots
+// (reverse mode over the block), and writes each input's gradient over the output's shape.
+namespace {
+constexpr int kChainBlock = 256;
+constexpr int kChainSlots = pw::ChainProgram::kMaxInputs + pw::ChainProgram::kMaxConstants + pw::ChainProgram::kMaxSteps;
+
+/// The offsets of n inputs (strides st over `shape`, 0 where broadcast) for output elements [b, e), walked in order.
+template <class F>
+void chain_walk(const Shape& shape, const Shape* st, int n, std::int64_t b, std::int64_t e, F f) {
+  const int nd = shape.size();
+  std::int64_t coord[kMaxDims] = {}, off[pw::ChainProgram::kMaxInputs] = {};
+  std::int64_t rest = b;
+  for (int d = nd - 1; d >= 0; --d) {
+    coord[d] = shape[d] ? rest % shape[d] : 0;
+    rest = shape[d] ? rest / shape[d] : 0;
+    for (int k = 0; k < n; ++k) off[k] += coord[d] * st[k][d];
+  }
+  for (std::int64_t j = b; j < e; ++j) {
+    f(j - b, off);
+    for (int d = nd - 1; d >= 0; --d) {
+      for (int k = 0; k < n; ++k) off[k] += st[k][d];
+      if (++coord[d] < shape[d]) break;
+      for (int k = 0; k < n; ++k) off[k] -= coord[d] * st[k][d];
+      coord[d] = 0;
+    }
+  }
+}
+
+/// Runs body(b, e) over [0, n) in blocks of kChainBlock, on the OpenMP threads when there are many.
+template <class Body>
+void chain_for(std::int64_t n, Body body) {
+  const std::int64_t blocks = (n + kChainBlock - 1) / kChainBlock;
+#pragma omp parallel for schedule(static) if (blocks > 64)
+  for (std::int64_t k = 0; k < blocks; ++k) body(k * kChainBlock, std::min(n, (k + 1) * kChainBlock));
+}
+
+/// Fills the input and constant slots of a block and runs every step: slot[k] holds m values.
+template <class T, class A>
+void chain_block_forward(const pw::ChainProgram& p, const T* const* x, const Shape* st, const Shape& shape, std::int64_t b,
+                         std::int64_t e, A (*slot)[kChainBlock]) {
+  const int m = static_cast<int>(e - b);
+  chain_walk(shape, st, p.inputs, b, e, [&](std::int64_t i, const std::int64_t* off) {
+    for (int k = 0; k < p.inputs; ++k) slot[k][i] = scalar_cast<A>(x[k][off[k]]);
+  });
+  for (std::size_t c = 0; c < p.constants.size(); ++c) {
+    const A v = static_cast<A>(p.constants[c]);
+    for (int i = 0; i < m; ++i) slot[p.inputs + static_cast<int>(c)][i] = v;
+  }
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    const pw::ChainStep& step = p.steps[s];
+    A* o = slot[p.first_step_slot() + static_cast<int>(s)];
+    const A* u = slot[step.a];
+    if (step.binary) {
+      const A* v = slot[step.c];
+      switch (step.b) {
+        case math::Binary::add: for (int i = 0; i < m; ++i) o[i] = u[i] + v[i]; break;
+        case math::Binary::sub: for (int i = 0; i < m; ++i) o[i] = u[i] - v[i]; break;
+        case math::Binary::mul: for (int i = 0; i < m; ++i) o[i] = u[i] * v[i]; break;
+        case math::Binary::div: for (int i = 0; i < m; ++i) o[i] = u[i] / v[i]; break;
+      }
+      continue;
+    }
+    dispatch(step.u, [&](auto op) {
+      constexpr math::Unary U = decltype(op)::value;
+      if constexpr (std::is_same_v<A, float> && vector_forward<U>) {
+        for (int i = 0; i < m; ++i) o[i] = apply_vec<U>(u[i]);
+      } else {
+        for (int i = 0; i < m; ++i) o[i] = math::apply<A>(U, u[i]);
+      }
+    });
+  }
+}
+}  // namespace
+
+template <class T>
+void pointwise_chain_forward(const pw::ChainProgram& p, const T* const* x, const Shape* st, T* out, const Shape& shape) {
+  using A = acc_t<T>;
+  const int last = p.slots() - 1;
+  chain_for(shape.numel(), [&](std::int64_t b, std::int64_t e) {
+    alignas(64) A slot[kChainSlots][kChainBlock];
+    chain_block_forward<T, A>(p, x, st, shape, b, e, slot);
+    for (std::int64_t j = b; j < e; ++j) out[j] = scalar_cast<T>(slot[last][j - b]);
+  });
+}
+
+template <class T>
+void pointwise_chain_backward(const pw::ChainProgram& p, const T* const* x, const Shape* st, const T* dout, T* const* dx,
+                              const Shape& shape) {
+  using A = acc_t<T>;
+  const int last = p.slots() - 1;
+  chain_for(shape.numel(), [&](std::int64_t b, std::int64_t e) {
+    alignas(64) A slot[kChainSlots][kChainBlock];
+    alignas(64) A adj[kChainSlots][kChainBlock];
+    const int m = static_cast<int>(e - b);
+    chain_block_forward<T, A>(p, x, st, shape, b, e, slot);
+    for (int k = 0; k < last; ++k) std::fill(adj[k], adj[k] + m, A(0));
+    for (int i = 0; i < m; ++i) adj[last][i] = scalar_cast<A>(dout[b + i]);
+    for (int s = static_cast<int>(p.steps.size()) - 1; s >= 0; --s) {
+      const pw::ChainStep& step = p.steps[static_cast<std::size_t>(s)];
+      const int own = p.first_step_slot() + s;
+      const A* g = adj[own];
+      const A* u = slot[step.a];
+      A* du = adj[step.a];
+      if (step.binary) {
+        const A* v = slot[step.c];
+        A* dv = adj[step.c];
+        switch (step.b) {
+          case math::Binary::add:
+            for (int i = 0; i < m; ++i) du[i] += g[i];
+            for (int i = 0; i < m; ++i) dv[i] += g[i];
+            break;
+          case math::Binary::sub:
+            for (int i = 0; i < m; ++i) du[i] += g[i];
+            for (int i = 0; i < m; ++i) dv[i] -= g[i];
+            break;
+          case math::Binary::mul:  // both reads before either write: x * x adds g·x twice
+            for (int i = 0; i < m; ++i) {
+              const A gu = g[i] * v[i], gv = g[i] * u[i];
+              du[i] += gu;
+              dv[i] += gv;
+            }
+            break;
+          case math::Binary::div:  // d(u/v)/dv = -(g/v)·(u/v), as the div op's backward
+            for (int i = 0; i < m; ++i) {
+              const A q = g[i] / v[i], r = q * (u[i] / v[i]);
+              du[i] += q;
+              dv[i] -= r;
+            }
+            break;
+        }
+        continue;
+      }
+      const A* y = slot[own];
+      dispatch(step.u, [&](auto op) {
+        constexpr math::Unary U = decltype(op)::value;
+        if constexpr (std::is_same_v<A, float> && vector_backward<U>) {
+          for (int i = 0; i < m; ++i) du[i] += g[i] * grad_vec<U>(u[i]);
+        } else {
+          for (int i = 0; i < m; ++i) du[i] += g[i] * math::grad<A>(U, u[i], y[i]);
+        }
+      });
+    }
+    for (int k = 0; k < p.inputs; ++k)
+      if (dx[k])
+        for (int i = 0; i < m; ++i) dx[k][b + i] = scalar_cast<T>(adj[k][i]);
+  });
+}
+
+#define TG_CHAIN_INSTANTIATE(T)                                                                                         \
+  template void pointwise_chain_forward<T>(const pw::ChainProgram&, const T* const*, const Shape*, T*, const Shape&); \
+  template void pointwise_chain_backward<T>(const pw::ChainProgram&, const T* const*, const Shape*, const T*, T* const*, const Shape&);
+TG_CHAIN_INSTANTIATE(double)
+TG_CHAIN_INSTANTIATE(float)
+TG_CHAIN_INSTANTIATE(bf16)
+TG_CHAIN_INSTANTIATE(fp16)
+#undef TG_CHAIN_INSTANTIATE
 
 TG_INSTANTIATE_KERNELS(TG_KERNELS_UNARY, TG_FLOATING_TYPES)
 

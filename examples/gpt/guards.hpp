@@ -193,6 +193,8 @@ void validate_options(const Options& o) {
   positive("--tp", o.tp, 4096);
   positive("--pp", o.pp, 4096);
   // tg::compile in the trainer (Note [compiled steps in the trainer])
+  if (o.no_fuse && !o.compile && !o.plan && o.memory_budget.empty())
+    throw tg::Error("--no-fuse turns off the fusion rewrite of --compile (and of --plan, --memory-budget): give it with one of them");
   if ((o.compile || o.plan || !o.memory_budget.empty()) && o.eval_only)
     throw tg::Error("--compile, --plan and --memory-budget plan a training step: --eval-only trains nothing");
   if (!o.memory_budget.empty() && o.checkpoint_given)

@@ -79,6 +79,7 @@ struct Options {
   float distill_temperature = 2.0f;  // softmax temperature of both distributions in the KL term
   bool eval_only = false;            // evaluate the model (--init-from) and exit
   bool compile = false;              // run each step through tg::compile (Note [compiled steps in the trainer])
+  bool no_fuse = false;              // --compile without the fusion rewrite (Note [fusion rewrites])
   bool device_boundary = false;      // decide the step boundary on the device (Note [the step boundary on the device])
   bool plan = false;                 // print the step's memory plan (and --memory-budget's choice) and exit
   std::string memory_budget;         // --memory-budget as given ("" : none)
@@ -183,6 +184,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_option("--distill-temperature", o.distill_temperature, "softmax temperature of the KL term (> 0)");
   app.add_flag("--compile", o.compile, "capture the training step once and replay it: its ops guarded, its memory planned into one "
                                        "arena (no allocator calls after step 1)");
+  app.add_flag("--no-fuse", o.no_fuse, "with --compile: keep chains of separate elementwise ops as written (the fusion rewrite "
+                                       "off; results are the eager run's bit for bit)");
   app.add_flag("--device-boundary", o.device_boundary,
                "decide the step boundary (unscale, inf/NaN check, clipping, the AdamW step) on the training device: the "
                "step's losses, overflow flag and norm are read once, after it (the same results; needs --optimizer adamw, adam or sgd, one process)");

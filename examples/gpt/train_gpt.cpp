@@ -19,8 +19,11 @@ namespace train_gpt {
 // tg::compile (Note [compiled steps]): step 1 captures it and plans its memory, which is printed; the
 // next steps replay it from the arena, so they make no allocator call on the device (the batch prefetcher's
 // thread allocates its batches as before). Validation, samples and checkpoints run between steps, eagerly.
-// Results are the eager run's bit for bit. --plan builds the run, captures one step (on the run's own model and
-// optimizer: nothing is written), prints the plan and exits. --memory-budget B does the same for each
+// Results are the eager run's bit for bit where the fusion rewrite finds no chain of separate elementwise ops
+// (the GPT blocks call fused ops; the --tp blocks' bias and residual adds make chains, fused in fp32 without
+// changing a bit of their sums) and with --no-fuse always. --plan builds the run, captures one step (two when
+// chains are fused: the second is the fused step; on the run's own model and optimizer: nothing is written),
+// prints the plan and exits. --memory-budget B does the same for each
 // activation checkpointing from the least recompute (none, selective, blocks) before the run starts, and
 // trains with the first whose planned peak fits B; none fitting is an error naming the smallest peak. On a
 // --tp/--pp grid every rank captures its own step (collectives included) and the largest peak over the ranks
@@ -57,10 +60,11 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     if (s.teacher) return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
     return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
   };
-  auto compiled = tg::compile<D>(run_step);  // Note [compiled steps in the trainer]
+  auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse});  // Note [compiled steps in the trainer]
   compiled.set_parameters(s.params);
   if (probe) {
     compiled();
+    if (!compiled.fused_chains().empty()) compiled();  // the fused step's plan (Note [fusion rewrites])
     *probe = compiled.memory_plan();
     return 0;
   }
@@ -102,8 +106,8 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   }
   s.finish(clock, started);  // the final sample, the summary, --plot
   if (o.compile) {
-    std::printf("  compile           %lld capture(s), %lld replays%s; planned peak %s, measured peak of the replayed steps %s\n",
-                (long long)compiled.captures(), (long long)compiled.replays(),
+    std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains%s; planned peak %s, measured peak of the replayed steps %s\n",
+                (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(),
                 compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
                 tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str(), tg::train::human_bytes(compiled_peak).c_str());
     std::fflush(stdout);

@@ -4,6 +4,19 @@
 
 #include "typegrad/autodiff/tape.hpp"
 #include "typegrad/core/error.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
+
+// The thread's fusion rewriter and the pending storages' error (Note [fusion rewrites]) live here, with the
+// thread's op observer, so every part of the library that records ops links them.
+namespace tg {
+void Storage::throw_pending() const { throw Error(*pending_); }
+namespace fusion {
+Rewriter*& rewriter() {
+  thread_local Rewriter* r = nullptr;
+  return r;
+}
+}  // namespace fusion
+}  // namespace tg
 
 namespace tg::autodiff {
 
@@ -22,6 +35,8 @@ OpObserver*& op_observer() { return t_observer; }
 thread_local bool t_retaining_graph = false;
 bool grad_enabled() { return t_grad_enabled; }
 bool retaining_graph() { return t_retaining_graph; }
+thread_local int t_backward_depth = 0;
+bool in_backward() { return t_backward_depth > 0; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 std::uint64_t next_tensor_id() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
 
@@ -55,6 +70,10 @@ void Tape::backward_from(const Node& last, bool retain_graph) {
     explicit Retaining(bool r) { t_retaining_graph = r; }
     ~Retaining() { t_retaining_graph = previous; }
   } retaining(retain_graph);
+  struct Depth {  // what in_backward() answers (checkpoint recomputes run inside the walk)
+    Depth() { ++t_backward_depth; }
+    ~Depth() { --t_backward_depth; }
+  } depth;
   if (t_observer) t_observer->on_backward();
   std::vector<std::shared_ptr<Node>> ran;
   for (auto rit = nodes_.rbegin(); rit != nodes_.rend(); ++rit) {

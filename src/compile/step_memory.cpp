@@ -58,6 +58,10 @@ void StepMemory::begin_trace() {
   mode_ = Mode::trace;
   traced_.clear();
   tracing_.clear();
+  // A capture after a plan (a retrace, or the fused capture of Note [fusion rewrites]) runs on the device's
+  // allocator: an arena no block lives in goes now, so it is neither resident in the new plan nor kept when
+  // the new plan needs less (end_trace makes the new one).
+  if (!arenas_.empty() && arenas_.back()->live == 0 && !arenas_.back()->retired) release_arena(arenas_.back());
   clock_ = 0;
   backward_at_ = -1;
   const std::int64_t weights = plan_.weight_bytes;

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "ops/op_db.hpp"
 #include "typegrad/ops/pointwise.hpp"
+#include "typegrad/ops/pointwise_chain.hpp"
 
 namespace tg::testing {
 namespace {
@@ -407,6 +409,96 @@ OpEntry pointwise_entry() {
   return e;
 }
 TG_REGISTER_OP(pointwise_entry());
+
+// ---- pointwise_chain (Note [fusion rewrites]) ------------------------------------------------------------
+// Two programs over three inputs (c positive) that use every op a chain can hold between them, constants, an
+// operand read twice (x0 * x0) and values read by several later steps; Sample::args[0] picks the program.
+tg::pw::ChainProgram chain_program(int which) {
+  using tg::pw::ChainStep;
+  using U = tg::math::Unary;
+  using Bn = tg::math::Binary;
+  tg::pw::ChainProgram p;
+  p.inputs = 3;
+  p.constants = {0.5, 1.0};  // slots 3 and 4; steps from slot 5
+  if (which == 0)  // tanh(0.5 a + b) c - sigmoid(a) / (1 + e^b) - log(c) + a a
+    p.steps = {ChainStep(Bn::mul, 0, 3),  ChainStep(Bn::add, 5, 1),  ChainStep(U::tanh, 6),      ChainStep(Bn::mul, 7, 2),
+               ChainStep(U::sigmoid, 0),  ChainStep(U::exp, 1),      ChainStep(Bn::add, 4, 10),  ChainStep(Bn::div, 9, 11),
+               ChainStep(Bn::sub, 8, 12), ChainStep(U::log, 2),      ChainStep(Bn::sub, 13, 14), ChainStep(Bn::mul, 0, 0),
+               ChainStep(Bn::add, 15, 16)};
+  else  // (sqrt(c) relu(a) + rsqrt(c) gelu_tanh(b)) / c + (gelu(a) - silu(b))
+    p.steps = {ChainStep(U::sqrt, 2),     ChainStep(U::relu, 0),      ChainStep(Bn::mul, 5, 6),  ChainStep(U::rsqrt, 2),
+               ChainStep(U::gelu_tanh, 1), ChainStep(Bn::mul, 8, 9),  ChainStep(Bn::add, 7, 10), ChainStep(U::gelu_erf, 0),
+               ChainStep(U::silu, 1),     ChainStep(Bn::sub, 12, 13), ChainStep(Bn::div, 11, 2), ChainStep(Bn::add, 15, 14)};
+  return p;
+}
+double ref_chain(int which, double a, double b, double c) {
+  const double k = std::sqrt(2.0 / M_PI);
+  if (which == 0) return std::tanh(0.5 * a + b) * c - ref_sigmoid(a) / (1.0 + std::exp(b)) - std::log(c) + a * a;
+  const double gt = 0.5 * b * (1.0 + std::tanh(k * (b + 0.044715 * b * b * b)));
+  const double ge = 0.5 * a * std::erfc(-a / std::sqrt(2.0));
+  return (std::sqrt(c) * (a > 0 ? a : 0.0) + gt / std::sqrt(c)) / c + (ge - b * ref_sigmoid(b));
+}
+OpEntry pointwise_chain_entry() {
+  OpEntry e = make_entry("pointwise_chain", [](const auto& x, const I&, const Sample& s) {
+    return tg::pointwise_chain(chain_program(static_cast<int>(s.args.at(0))), std::vector{x[0], x[1], x[2]});
+  });
+  for (const double which : {0.0, 1.0}) {
+    const std::string w = which == 0 ? "" : "_gelu";
+    e.sample("same_shape" + w, {{{3, 5}}, {{3, 5}}, {{3, 5}, 0.5, 2.0}}, {}, {which})
+        .sample("broadcast" + w, {{{2, 3, 4}}, {{4}}, {{2, 3, 1}, 0.5, 2.0}}, {}, {which})
+        .sample("strided" + w, {{{4, 6}, L::transposed}, {{4, 6}, L::strided}, {{6}, 0.5, 2.0}}, {}, {which})
+        .sample("long" + w, {{{3, 700}}, {{700}}, {{3, 1}, 0.5, 2.0}}, {}, {which});  // several blocks of 256, one row
+  }
+  e.reference([](const X& x, const I&, const Sample& s) {
+    Shape shape = x[0].shape();
+    for (std::size_t i = 1; i < 3; ++i) shape = broadcast_shapes(shape, x[i].shape(), "ref");
+    const Tensor<double> a = x[0].expand(shape).contiguous(), b = x[1].expand(shape).contiguous(), c = x[2].expand(shape).contiguous();
+    Tensor<double> out = Tensor<double>::empty(shape);
+    const int which = static_cast<int>(s.args.at(0));
+    for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] = ref_chain(which, a.data()[i], b.data()[i], c.data()[i]);
+    return out;
+  });
+  e.error("inputs", [] { tg::pointwise_chain(chain_program(0), std::vector{Tensor<float>::zeros({2})}); },
+          "pointwise_chain: the program reads 3 inputs, 1 were given");
+  e.error("operand", [] {
+    tg::pw::ChainProgram p = chain_program(0);
+    p.steps[1].c = 9;  // step 1 (slot 6) reading slot 9, not yet written
+    tg::pointwise_chain(p, std::vector{Tensor<float>::zeros({2}), Tensor<float>::zeros({2}), Tensor<float>::zeros({2})});
+  }, "pointwise_chain: step 1 (add) reads a slot that is not before its own (6)");
+  e.error("shapes", [] {
+    tg::pointwise_chain(chain_program(0), std::vector{Tensor<float>::zeros({2, 3}), Tensor<float>::zeros({4}), Tensor<float>::zeros({3})});
+  }, "pointwise_chain: shapes cannot be broadcast: a is [2,3], b is [4]");
+  return e;
+}
+TG_REGISTER_OP(pointwise_chain_entry());
+
+// A chain gives the unfused ops' values (fp32: the forward bit for bit where the ops' kernels read contiguous
+// inputs, as the blocks do) and their gradients within fp32 rounding, in one node keeping only its inputs.
+TEST(OpDb_pointwise_chain_behaviour, TheOpsItReplaces) {
+  Generator gen(12);
+  for (int which = 0; which < 2; ++which) {
+    const Tensor<float> a0 = Tensor<float>::uniform({64, 96}, -2.f, 2.f, gen), b0 = Tensor<float>::uniform({96}, -1.f, 1.f, gen),
+                        c0 = Tensor<float>::uniform({64, 1}, 0.5f, 2.f, gen);
+    const tg::pw::ChainProgram p = chain_program(which);
+    std::vector<std::vector<float>> r[2];
+    for (const bool fused : {true, false}) {
+      Tensor<float> a = a0.clone().detach(), b = b0.clone().detach(), c = c0.clone().detach();
+      a.requires_grad_();
+      b.requires_grad_();
+      c.requires_grad_();
+      const std::vector xs{a, b, c};
+      const Tensor<float> y = fused ? tg::pointwise_chain(p, xs) : tg::detail::chain_as_ops(p, xs);
+      if (fused) EXPECT_STREQ(y.autograd_meta()->producer->op(), "pointwise_chain");
+      y.backward(Tensor<float>::ones(y.shape()));
+      r[fused ? 0 : 1] = {y.to_vector(), a.grad().to_vector(), b.grad().to_vector(), c.grad().to_vector()};
+    }
+    const char* what[] = {"y", "da", "db", "dc"};
+    for (std::size_t t = 0; t < 4; ++t)
+      for (std::size_t i = 0; i < r[1][t].size(); ++i)
+        ASSERT_NEAR(r[0][t][i], r[1][t][i], 3e-5 * (1 + std::abs(r[1][t][i]))) << "program " << which << " " << what[t] << " at " << i;
+    EXPECT_EQ(std::memcmp(r[0][0].data(), r[1][0].data(), r[1][0].size() * sizeof(float)), 0) << "program " << which << ": forward";
+  }
+}
 
 // The fused expression is one tape node that keeps only its inputs, and equals the unfused ops (the same
 // expression as tensor ops, one node each) within fp32 rounding, forward and every gradient.

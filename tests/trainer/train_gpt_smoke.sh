@@ -79,7 +79,7 @@ echo "2. --resume continues with identical losses; --init-from loads the weights
 # picks a checkpointing or stops before step 1 naming the smallest planned peak.
 ok compiled --steps 4 "${C[@]}" --compile --log compiled.jsonl
 grep -q "compiled step: captured at step 1; its memory plan:" compiled.out
-grep -q "compile           1 capture(s), 3 replays" compiled.out
+grep -q "compile           1 capture(s), 3 replays, 0 fused chains" compiled.out  # the GPT blocks call fused ops
 diff <(losses fp32.jsonl) <(losses compiled.jsonl)
 ok compiled_bf16 --steps 3 "${C[@]}" --compile --precision bf16 --grad-accum 2 --dropout 0.1 --log compiled_bf16.jsonl
 ok eager_bf16 --steps 3 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1 --log eager_bf16.jsonl
@@ -95,6 +95,7 @@ grep -q "memory budget 4.00 GiB: planned peaks none .*: training with --checkpoi
 fails small_budget "no activation checkpointing fits it; the smallest planned peak is .* \(--checkpoint [a-z]+\)" --steps 2 "${C[@]}" --memory-budget 64K
 fails budget_unit "unknown unit 'X'" --steps 1 --memory-budget 5X
 fails budget_and_checkpoint "give it without --checkpoint" --steps 1 --memory-budget 1G --checkpoint blocks
+fails no_fuse_alone "give it with one of them" --steps 1 --no-fuse
 echo "2b. --compile logs the eager losses bit for bit and resumes; --plan prints the plan; --memory-budget chooses or stops"
 
 # --device-boundary (Note [the step boundary on the device]): the boundary's kernels decide the step; on the CPU

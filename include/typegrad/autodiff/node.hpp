@@ -131,10 +131,12 @@ bool any_requires_grad(const Ins&... ins) {
 
 template <class Saved, class Fn, Element TO, Device DO, class... Ins>
 void record(const char* op, Tensor<TO, DO>& out, Saved saved, Fn fn, const Ins&... ins) {
-  if (OpObserver* o = op_observer()) o->on_op(op, out.shape(), dtype_traits<TO>::dtype);
+  OpObserver* const o = op_observer();
+  if (o) o->on_op(op, out.shape(), dtype_traits<TO>::dtype);
   if (!any_requires_grad(ins...)) {
     // A checkpoint region's forward runs without recording but must learn whether to record itself.
     if (!region_stack().empty() && (... || ins.requires_grad())) region_note_requires_grad();
+    if (o) o->on_io(out.storage(), out.autograd_meta().get(), {ins.storage().get()...});
     return;
   }
   auto& meta = ensure_meta(out);
@@ -145,6 +147,7 @@ void record(const char* op, Tensor<TO, DO>& out, Saved saved, Fn fn, const Ins&.
       std::tuple<input_slot<Ins>...>{input_slot<Ins>{ins.requires_grad() ? ins.autograd_meta() : nullptr, ins.shape()}...});
   meta->producer = node;
   current_tape().push(node);
+  if (o) o->on_io(out.storage(), meta.get(), {ins.storage().get()...});
 }
 
 }  // namespace tg::autodiff

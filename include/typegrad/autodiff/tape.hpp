@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "typegrad/core/device.hpp"
 #include "typegrad/core/dtype.hpp"
 #include "typegrad/core/shape.hpp"
+#include "typegrad/core/storage.hpp"
 
 namespace tg::autodiff {
 
@@ -84,6 +86,10 @@ class OpObserver {
  public:
   virtual ~OpObserver() = default;
   virtual void on_op(const char* op, const Shape& output, DType dtype) = 0;
+  /// After on_op, once the op is recorded: the storages of its output and inputs and the output's autograd
+  /// identity (null without one; tg::compile's fusion rewrite follows values by them).
+  virtual void on_io(const std::shared_ptr<Storage>& /*output*/, const void* /*output_meta*/,
+                     std::initializer_list<const Storage*> /*inputs*/) {}
   virtual void on_backward() {}
 };
 /// The calling thread's observer (null: none).
@@ -109,6 +115,8 @@ void set_grad_enabled(bool on);
 /// When it does not, an op's backward may drop a saved tensor as soon as it has used it (the walk frees the
 /// rest after the node), as the separate nodes of an unfused pair would have freed theirs.
 bool retaining_graph();
+/// Whether a backward walk runs on this thread (its formulas, and the checkpoint recomputes inside it).
+bool in_backward();
 std::uint64_t next_tensor_id();
 
 }  // namespace tg::autodiff

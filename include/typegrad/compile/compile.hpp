@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "typegrad/autodiff/tape.hpp"
+#include "typegrad/compile/fusion.hpp"
 #include "typegrad/compile/step_memory.hpp"
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/error.hpp"
@@ -44,8 +47,10 @@ namespace tg {
 //     runs eagerly, said once on stderr.
 //   * The parameters given to set_parameters() are part of the guard: a parameter replaced or reshaped
 //     captures every variant again.
-// The replay runs the same kernels in the same order as the eager step, so its results are the eager step's
-// bit for bit. Fusion rewrites and CUDA graphs build on the capture; they are not done yet (docs/compile.md).
+// With CompileOptions{.fuse = false}, a replay runs the same kernels in the same order as the eager step, so its
+// results are the eager step's bit for bit. By default the capture also looks for chains of unfused elementwise
+// ops and the next calls run each as one op (Note [fusion rewrites], compile/fusion.hpp): a signature with chains
+// is captured twice (found, then fused) before it replays. CUDA graphs are not done yet (docs/compile.md).
 
 namespace capture {
 /// One op the capture saw: its name, its output's shape and dtype.
@@ -61,7 +66,14 @@ class OpSequence final : public autodiff::OpObserver {
   OpSequence(std::vector<OpRecord>& ops, bool record, StepMemory* memory) : ops_(&ops), record_(record), memory_(memory) {
     if (record_) ops_->clear();
   }
+  /// The fusion rewrite that follows the ops of this call (either, or none).
+  void set_fusion(FusionScout* scout, FusionApply* apply) {
+    scout_ = scout;
+    apply_ = apply;
+  }
   void on_op(const char* op, const Shape& output, DType dtype) override {
+    if (scout_) scout_->on_recorded();
+    if (apply_) apply_->on_recorded(op);
     if (record_) {
       ops_->push_back({op, output, dtype});
       return;
@@ -75,6 +87,9 @@ class OpSequence final : public autodiff::OpObserver {
                   "' ", r.shape, " ", dtype_name(r.dtype),
                   ": its ops depend on its data (an if on a tensor's value?), so it cannot be replayed; run it without compile");
     ++at_;
+  }
+  void on_io(const std::shared_ptr<Storage>& output, const void* output_meta, std::initializer_list<const Storage*> inputs) override {
+    if (scout_) scout_->on_io(output, output_meta, inputs);
   }
   void on_backward() override {
     if (record_ && memory_) memory_->mark_backward();
@@ -91,6 +106,8 @@ class OpSequence final : public autodiff::OpObserver {
   bool record_;
   StepMemory* memory_;
   std::size_t at_ = 0;
+  FusionScout* scout_ = nullptr;
+  FusionApply* apply_ = nullptr;
 };
 
 /// Installs an op observer on the calling thread for the scope (restoring the previous one).
@@ -134,7 +151,8 @@ void signature(std::ostringstream& s, const std::vector<X>& v) {
 /// Options of compile().
 struct CompileOptions {
   std::size_t cache_size = 8;  ///< signatures kept (the least recently used is dropped)
-  bool verbose = true;         ///< report new signatures and eager fallbacks on stderr
+  bool verbose = true;         ///< report new signatures, fused chains and eager fallbacks on stderr
+  bool fuse = true;            ///< rewrite chains of elementwise ops into one op each (Note [fusion rewrites])
 };
 
 /// A step function captured and replayed (Note [compiled steps]); made by compile(). D: the device whose
@@ -169,12 +187,35 @@ class CompiledStep {
     check_parameters();
     std::ostringstream sig;
     (capture::signature(sig, args), ...);
+    if (options_.fuse && !autodiff::grad_enabled()) sig << "no_grad;";  // no chain is rewritten without gradients
     Variant& v = variant_for(sig.str());
     last_ = &v;
     using R = std::invoke_result_t<Fn&, Args&&...>;
     if (v.eager) return fn_(std::forward<Args>(args)...);
     const bool capture = !v.memory->has_plan() || v.retrace;
     capture::OpSequence ops(v.ops, capture, v.memory);
+    std::optional<capture::FusionScout> scout;
+    std::optional<capture::FusionApply> apply;
+    if (options_.fuse) {
+      if (!v.scouted) scout.emplace();
+      else if (!v.chains.empty()) apply.emplace(v.chains);
+    }
+    ops.set_fusion(scout ? &*scout : nullptr, apply ? &*apply : nullptr);
+    fusion::Rewriter* rewriter = scout ? static_cast<fusion::Rewriter*>(&*scout) : apply ? static_cast<fusion::Rewriter*>(&*apply) : nullptr;
+    auto after = [&] {  // the rewrite's checks and, after a first call, its plan
+      if (apply) apply->finish();
+      if (!scout) return;
+      v.chains = scout->plan();
+      v.scouted = true;
+      if (v.chains.empty()) return;
+      v.retrace = true;  // the next call captures the fused step
+      if (options_.verbose) {
+        std::size_t links = 0;
+        for (const auto& c : v.chains) links += c.links.size();
+        std::fprintf(stderr, "tg::compile: fusing %zu chains of elementwise ops (%zu ops; the first: %s)\n", v.chains.size(), links,
+                     v.chains.front().describe().c_str());
+      }
+    };
     if (capture) v.memory->begin_trace();
     else v.memory->begin_replay();
     auto finish = [&](bool threw) {
@@ -204,23 +245,37 @@ class CompiledStep {
         {
           capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);
           capture::ObserverScope obs(ops);
+          capture::RewriterScope rw(rewriter);
           fn_(std::forward<Args>(args)...);
         }
         finish(false);
         ops.finish();
+        after();
       } else {
         R r = [&]() -> R {
           capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);
           capture::ObserverScope obs(ops);
+          capture::RewriterScope rw(rewriter);
           return fn_(std::forward<Args>(args)...);
         }();
         finish(false);
         ops.finish();
+        after();
         return r;
       }
+    } catch (const std::exception& e) {
+      if (v.memory->tracing_or_replaying()) finish(true);
+      v.retrace = true;
+      if (apply) {  // a fused call failed: the signature runs its ops as written from now on, said once
+        v.chains.clear();
+        if (options_.verbose)
+          std::fprintf(stderr, "tg::compile: a step with fused chains failed (%s): this signature is captured again without fusion\n", e.what());
+      }
+      throw;
     } catch (...) {
       if (v.memory->tracing_or_replaying()) finish(true);
       v.retrace = true;
+      if (apply) v.chains.clear();
       throw;
     }
   }
@@ -237,6 +292,11 @@ class CompiledStep {
   std::size_t variants() const { return variants_.size(); }
   /// Whether the signature used last runs eagerly (its allocations kept leaving the plan).
   bool eager() const { return last_ && last_->eager; }
+  /// The chains of elementwise ops the signature used last runs fused (Note [fusion rewrites]).
+  const std::vector<capture::FusedChain>& fused_chains() const {
+    static const std::vector<capture::FusedChain> none;
+    return last_ ? last_->chains : none;
+  }
   /// The ops the signature used last captured.
   const std::vector<capture::OpRecord>& ops() const {
     static const std::vector<capture::OpRecord> none;
@@ -249,6 +309,8 @@ class CompiledStep {
     capture::StepMemory* memory = nullptr;
     capture::MemoryPlan plan;
     std::vector<capture::OpRecord> ops;
+    std::vector<capture::FusedChain> chains;  // Note [fusion rewrites]
+    bool scouted = false;                     // chains looked for
     bool retrace = false, eager = false;
     int divergences = 0;
   };

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/device.hpp"
@@ -56,8 +57,20 @@ class Storage {
     return std::make_shared<Storage>(a.allocate(bytes), bytes, &a);
   }
 
-  void* data() const { return ptr_; }
+  /// A storage with no memory standing for a value that is never computed: the intermediate of a fused
+  /// pointwise chain (Note [fusion rewrites]). Reading it throws tg::Error with `why`.
+  static std::shared_ptr<Storage> pending(std::size_t bytes, std::shared_ptr<const std::string> why) {
+    auto s = std::make_shared<Storage>(nullptr, bytes, nullptr);
+    s->pending_ = std::move(why);
+    return s;
+  }
+
+  void* data() const {
+    if (pending_) [[unlikely]] throw_pending();
+    return ptr_;
+  }
   std::size_t bytes() const { return bytes_; }
+  bool is_pending() const noexcept { return pending_ != nullptr; }
 
   // ---- the compute-copy slot (one copy at a time; atomic, so two racing owners get a clean answer) --------
   /// The copy attached now (null: none).
@@ -80,6 +93,8 @@ class Storage {
   std::size_t bytes_;
   Allocator* alloc_;
   std::atomic<const AttachedCopy*> copy_{nullptr};
+  std::shared_ptr<const std::string> pending_;
+  [[noreturn]] void throw_pending() const;
 };
 
 }  // namespace tg

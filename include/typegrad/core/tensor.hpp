@@ -239,6 +239,14 @@ class Tensor {
     return t;
   }
   Tensor detach() const { return as_strided_raw(sizes_, strides_, offset_); }
+  /// A contiguous tensor of `shape` over `storage` (a pending value of a fused chain: Note [fusion rewrites]).
+  static Tensor over_storage_raw(std::shared_ptr<Storage> storage, const Shape& shape) {
+    Tensor t;
+    t.storage_ = std::move(storage);
+    t.sizes_ = shape;
+    t.strides_ = contiguous_strides(shape);
+    return t;
+  }
   Tensor contiguous_raw() const {
     if (is_contiguous()) return detach();
     Tensor out = empty(sizes_);

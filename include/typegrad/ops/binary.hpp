@@ -5,6 +5,7 @@
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/kernels/elementwise.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 #include "typegrad/ops/reduce.hpp"
 
 namespace tg {
@@ -36,6 +37,9 @@ struct MulDivSaved {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> add(const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::add, 0, 1), broadcast_shapes(a.shape(), b.shape(), "add"), a, &b))
+      return *f;
   Tensor<T, D> out = detail::binary_raw(math::Binary::add, a, b, "add");
   autodiff::record("add", out, detail::BinarySaved{},
                    [sa = a.shape(), sb = b.shape()](detail::BinarySaved&, const Tensor<T, D>& g, auto need) {
@@ -46,6 +50,9 @@ Tensor<T, D> add(const Tensor<T, D>& a, const Tensor<T, D>& b) {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> sub(const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::sub, 0, 1), broadcast_shapes(a.shape(), b.shape(), "sub"), a, &b))
+      return *f;
   Tensor<T, D> out = detail::binary_raw(math::Binary::sub, a, b, "sub");
   autodiff::record("sub", out, detail::BinarySaved{},
                    [sa = a.shape(), sb = b.shape()](detail::BinarySaved&, const Tensor<T, D>& g, auto need) {
@@ -61,6 +68,9 @@ Tensor<T, D> sub(const Tensor<T, D>& a, const Tensor<T, D>& b) {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> mul(const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::mul, 0, 1), broadcast_shapes(a.shape(), b.shape(), "mul"), a, &b))
+      return *f;
   Tensor<T, D> out = detail::binary_raw(math::Binary::mul, a, b, "mul");
   autodiff::record("mul", out, detail::MulDivSaved<T, D>{a.detach(), b.detach()},
                    [](detail::MulDivSaved<T, D>& s, const Tensor<T, D>& g, auto need) {
@@ -74,6 +84,9 @@ Tensor<T, D> mul(const Tensor<T, D>& a, const Tensor<T, D>& b) {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> div(const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::div, 0, 1), broadcast_shapes(a.shape(), b.shape(), "div"), a, &b))
+      return *f;
   Tensor<T, D> out = detail::binary_raw(math::Binary::div, a, b, "div");
   autodiff::record("div", out, detail::MulDivSaved<T, D>{a.detach(), b.detach()},
                    [](detail::MulDivSaved<T, D>& s, const Tensor<T, D>& g, auto need) {
@@ -148,3 +161,8 @@ Tensor<T, D> mean(const Tensor<T, D>& x, std::initializer_list<std::int64_t> dim
 }
 
 }  // namespace tg
+
+// detail::run_fused_chain, which the ops above call (pointwise.hpp includes it last itself: it needs this header whole)
+#ifndef TG_POINTWISE_HPP_IN_PROGRESS
+#include "typegrad/ops/pointwise_chain.hpp"
+#endif

@@ -3,6 +3,7 @@
 //   using namespace tg::pw;
 //   auto y = tg::pointwise(tanh(_0 * 0.5 + _1) * _2, x, bias, scale);   // x [B,T,C], bias [C], scale [B,T,1]
 #pragma once
+#define TG_POINTWISE_HPP_IN_PROGRESS  // unary.hpp and binary.hpp leave pointwise_chain.hpp to the end of this header
 
 #include <algorithm>
 #include <array>
@@ -533,3 +534,6 @@ Tensor<T, D> pointwise(const E& expr, const Tensor<T, D>& x0, const Rest&... res
 }
 
 }  // namespace tg
+
+#undef TG_POINTWISE_HPP_IN_PROGRESS
+#include "typegrad/ops/pointwise_chain.hpp"  // tg::pointwise_chain (the fusion rewrite's op), built on the above

@@ -11,6 +11,7 @@
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/kernels/elementwise.hpp"
 #include "typegrad/detail/math.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 
 namespace tg {
 
@@ -63,6 +64,8 @@ struct UnaryBackward {
 /// e^x
 template <FloatingElement T, Device D>
 Tensor<T, D> exp(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::exp, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::exp, x);
   autodiff::record("exp", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::exp>{}, x);
   return out;
@@ -71,6 +74,8 @@ Tensor<T, D> exp(const Tensor<T, D>& x) {
 /// Natural log (NaN below 0, -inf at 0).
 template <FloatingElement T, Device D>
 Tensor<T, D> log(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::log, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::log, x);
   autodiff::record("log", out, detail::UnaryInputSaved<T, D>{x.detach()}, detail::UnaryBackward<math::Unary::log>{}, x);
   return out;
@@ -79,6 +84,8 @@ Tensor<T, D> log(const Tensor<T, D>& x) {
 /// sqrt(x)
 template <FloatingElement T, Device D>
 Tensor<T, D> sqrt(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::sqrt, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::sqrt, x);
   autodiff::record("sqrt", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::sqrt>{}, x);
   return out;
@@ -87,6 +94,8 @@ Tensor<T, D> sqrt(const Tensor<T, D>& x) {
 /// 1 / sqrt(x)
 template <FloatingElement T, Device D>
 Tensor<T, D> rsqrt(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::rsqrt, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::rsqrt, x);
   autodiff::record("rsqrt", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::rsqrt>{}, x);
   return out;
@@ -95,6 +104,8 @@ Tensor<T, D> rsqrt(const Tensor<T, D>& x) {
 /// tanh(x)
 template <FloatingElement T, Device D>
 Tensor<T, D> tanh(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::tanh, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::tanh, x);
   autodiff::record("tanh", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::tanh>{}, x);
   return out;
@@ -103,6 +114,8 @@ Tensor<T, D> tanh(const Tensor<T, D>& x) {
 /// 1 / (1 + e^-x)
 template <FloatingElement T, Device D>
 Tensor<T, D> sigmoid(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::sigmoid, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::sigmoid, x);
   autodiff::record("sigmoid", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::sigmoid>{}, x);
   return out;
@@ -111,6 +124,8 @@ Tensor<T, D> sigmoid(const Tensor<T, D>& x) {
 /// max(x, 0); the gradient at 0 is 0; NaN propagates.
 template <FloatingElement T, Device D>
 Tensor<T, D> relu(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::relu, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::relu, x);
   autodiff::record("relu", out, detail::UnaryOutputSaved<T, D>{out.detach()}, detail::UnaryBackward<math::Unary::relu>{}, x);
   return out;
@@ -119,6 +134,8 @@ Tensor<T, D> relu(const Tensor<T, D>& x) {
 /// GELU, exact: x·Φ(x) = 0.5 x erfc(-x/√2) (PyTorch's approximate='none').
 template <FloatingElement T, Device D>
 Tensor<T, D> gelu(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::gelu_erf, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::gelu_erf, x);
   autodiff::record("gelu", out, detail::UnaryInputSaved<T, D>{x.detach()}, detail::UnaryBackward<math::Unary::gelu_erf>{}, x);
   return out;
@@ -127,6 +144,8 @@ Tensor<T, D> gelu(const Tensor<T, D>& x) {
 /// GELU, tanh approximation: 0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))) (GPT-2; approximate='tanh').
 template <FloatingElement T, Device D>
 Tensor<T, D> gelu_tanh(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::gelu_tanh, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::gelu_tanh, x);
   autodiff::record("gelu_tanh", out, detail::UnaryInputSaved<T, D>{x.detach()}, detail::UnaryBackward<math::Unary::gelu_tanh>{}, x);
   return out;
@@ -142,9 +161,16 @@ Tensor<T, D> gelu(const Tensor<T, D>& x, GeluApprox approx) {
 /// x · sigmoid(x) (a.k.a. swish)
 template <FloatingElement T, Device D>
 Tensor<T, D> silu(const Tensor<T, D>& x) {
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Unary::silu, 0), x.shape(), x)) return *f;
   Tensor<T, D> out = detail::unary_raw(math::Unary::silu, x);
   autodiff::record("silu", out, detail::UnaryInputSaved<T, D>{x.detach()}, detail::UnaryBackward<math::Unary::silu>{}, x);
   return out;
 }
 
 }  // namespace tg
+
+// detail::run_fused_chain, which the ops above call (pointwise.hpp includes it last itself: it needs this header whole)
+#ifndef TG_POINTWISE_HPP_IN_PROGRESS
+#include "typegrad/ops/pointwise_chain.hpp"
+#endif

@@ -15,7 +15,20 @@
 #include "typegrad/detail/kernels/nn.hpp"
 #include "typegrad/detail/kernels/reduce.hpp"
 
+namespace tg::pw {
+struct ChainProgram;
+}
+
 namespace tg::backend::cpu {
+
+/// tg::pointwise_chain's two passes (Note [fusion rewrites]; backends/cpu/unary.cpp). Forward: out
+/// (contiguous over `shape`) = the chain over its p.inputs inputs x[k], each read at strides st[k] over `shape`
+/// (0 where broadcast). Backward: dx[k] (contiguous over `shape`; null when not needed) = dout · ∂out/∂x_k.
+template <class T>
+void pointwise_chain_forward(const pw::ChainProgram& p, const T* const* x, const Shape* st, T* out, const Shape& shape);
+template <class T>
+void pointwise_chain_backward(const pw::ChainProgram& p, const T* const* x, const Shape* st, const T* dout, T* const* dx,
+                              const Shape& shape);
 
 /// Sets the number of OpenMP threads every CPU kernel uses (n > 0 pins it); 0 restores the default:
 /// OMP_NUM_THREADS when set, else the CPUs of the affinity mask, or the cgroup's CPU quota when lower, fewer
