@@ -51,10 +51,11 @@ void dispatch(math::Unary op, F f) {
 
 // Note [vectorized unary ops]
 // math::apply and math::grad call std::exp (behind a branch in sigmoid), so loops over them stay scalar: one
-// libm call per element. For fp32, bf16 and fp16 storage the contiguous loops of exp, sigmoid, silu and
-// gelu_tanh (forward; silu and gelu_tanh backward, the others' gradients need no exp) instead use
+// libm call per element. For fp32, bf16 and fp16 storage the contiguous loops of exp, sigmoid, silu,
+// gelu_tanh and tanh (forward; silu and gelu_tanh backward, the others' gradients need no exp) instead use
 // vec::exp_f32 (Note [vectorizable exp]: within 1.18 ulp, saturating to 0 and inf like expf) in the same
-// formulas, branch-free, which the compiler vectorizes: sigmoid(z) = 1/(1 + e^-z) for z >= 0 and
+// formulas, branch-free, which the compiler vectorizes (tanh: vec::tanh_f32, a polynomial near 0 and the
+// exp form above 0.4, since 2026-12-06): sigmoid(z) = 1/(1 + e^-z) for z >= 0 and
 // e^z/(1 + e^z) below (one exp of -|z| and a select, so no result underflows early), silu(x) = x·sigmoid(x),
 // gelu_tanh(x) = x·sigmoid(2u) with u = √(2/π)(x + 0.044715x³). For 16-bit storage the result rounded to 16
 // bits equals the scalar path's except, rarely, by one unit in the last place at a rounding boundary; in
@@ -78,13 +79,14 @@ template <class T>
 constexpr bool vector_storage = is_16bit<T> || std::is_same_v<T, float>;
 template <math::Unary U>
 constexpr bool vector_forward = U == math::Unary::exp || U == math::Unary::sigmoid || U == math::Unary::silu ||
-                                U == math::Unary::gelu_tanh;
+                                U == math::Unary::gelu_tanh || U == math::Unary::tanh;
 template <math::Unary U>
 constexpr bool vector_backward = U == math::Unary::silu || U == math::Unary::gelu_tanh;
 /// f(x) for the vector_forward ops.
 template <math::Unary U>
 inline float apply_vec(float x) {
   if constexpr (U == math::Unary::exp) return vec::exp_f32(x);
+  else if constexpr (U == math::Unary::tanh) return vec::tanh_f32(x);
   else if constexpr (U == math::Unary::sigmoid) return sigmoid_vec(x);
   else if constexpr (U == math::Unary::silu) return x * sigmoid_vec(x);
   else return gelu_tanh_vec(x);
@@ -216,25 +218,36 @@ namespace {
 constexpr int kChainBlock = 256;
 constexpr int kChainSlots = pw::ChainProgram::kMaxInputs + pw::ChainProgram::kMaxConstants + pw::ChainProgram::kMaxSteps;
 
-/// The offsets of n inputs (strides st over `shape`, 0 where broadcast) for output elements [b, e), walked in order.
-template <class F>
-void chain_walk(const Shape& shape, const Shape* st, int n, std::int64_t b, std::int64_t e, F f) {
+/// Gathers n inputs (strides st over `shape`, 0 where broadcast) for output elements [b, e) into slot[k][0, e - b),
+/// a piece of a row at a time: a unit-stride piece is one converting copy, a broadcast one a fill.
+template <class T, class A>
+void chain_gather(const Shape& shape, const Shape* st, int n, const T* const* x, std::int64_t b, std::int64_t e,
+                  A (*slot)[kChainBlock]) {
   const int nd = shape.size();
-  std::int64_t coord[kMaxDims] = {}, off[pw::ChainProgram::kMaxInputs] = {};
-  std::int64_t rest = b;
-  for (int d = nd - 1; d >= 0; --d) {
-    coord[d] = shape[d] ? rest % shape[d] : 0;
-    rest = shape[d] ? rest / shape[d] : 0;
-    for (int k = 0; k < n; ++k) off[k] += coord[d] * st[k][d];
-  }
-  for (std::int64_t j = b; j < e; ++j) {
-    f(j - b, off);
-    for (int d = nd - 1; d >= 0; --d) {
-      for (int k = 0; k < n; ++k) off[k] += st[k][d];
-      if (++coord[d] < shape[d]) break;
-      for (int k = 0; k < n; ++k) off[k] -= coord[d] * st[k][d];
-      coord[d] = 0;
+  const std::int64_t inner = nd ? shape[nd - 1] : 1;
+  std::int64_t j = b;
+  while (j < e) {
+    const std::int64_t row = j / inner, col = j % inner, len = std::min(inner - col, e - j);
+    const int i0 = static_cast<int>(j - b);
+    for (int k = 0; k < n; ++k) {
+      std::int64_t off = 0, rest = row;
+      for (int d = nd - 2; d >= 0; --d) {  // the row's offset in input k
+        off += (rest % shape[d]) * st[k][d];
+        rest /= shape[d];
+      }
+      const std::int64_t step = nd ? st[k][nd - 1] : 0;
+      const T* p = x[k] + off + col * step;
+      A* out = slot[k] + i0;
+      if (step == 1) {
+        for (std::int64_t t = 0; t < len; ++t) out[t] = scalar_cast<A>(p[t]);
+      } else if (step == 0) {
+        const A v = scalar_cast<A>(p[0]);
+        for (std::int64_t t = 0; t < len; ++t) out[t] = v;
+      } else {
+        for (std::int64_t t = 0; t < len; ++t) out[t] = scalar_cast<A>(p[t * step]);
+      }
     }
+    j += len;
   }
 }
 
@@ -251,9 +264,7 @@ template <class T, class A>
 void chain_block_forward(const pw::ChainProgram& p, const T* const* x, const Shape* st, const Shape& shape, std::int64_t b,
                          std::int64_t e, A (*slot)[kChainBlock]) {
   const int m = static_cast<int>(e - b);
-  chain_walk(shape, st, p.inputs, b, e, [&](std::int64_t i, const std::int64_t* off) {
-    for (int k = 0; k < p.inputs; ++k) slot[k][i] = scalar_cast<A>(x[k][off[k]]);
-  });
+  chain_gather<T, A>(shape, st, p.inputs, x, b, e, slot);
   for (std::size_t c = 0; c < p.constants.size(); ++c) {
     const A v = static_cast<A>(p.constants[c]);
     for (int i = 0; i < m; ++i) slot[p.inputs + static_cast<int>(c)][i] = v;

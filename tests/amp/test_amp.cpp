@@ -432,6 +432,12 @@ TEST(AmpWeights, StaleCopiesAreAnError) {
 template <class Policy, class Opt>
 void expect_kept_copies_equal_refreshed(float lr, bool writes_copies) {
   using C = typename amp::MixedPrecision<Policy>::compute_type;
+  // Both runs on one team size: under load the default team shrinks between them (Note [threads under
+  // contention]), and a GEMM's split of K with it, which would change their sums' order.
+  struct PinnedTeam {
+    PinnedTeam() { backend::cpu::set_num_threads(backend::cpu::num_threads()); }
+    ~PinnedTeam() { backend::cpu::set_num_threads(0); }
+  } pinned;
   TinySetup full(2, 16), kept(2, 16);  // the same model and batch: the same seeds
   Opt opt_full(full.params, {.lr = lr}), opt_kept(kept.params, {.lr = lr});
   optim::Schedule schedule = optim::Constant{lr};

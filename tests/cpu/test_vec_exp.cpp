@@ -1,6 +1,7 @@
 // vec::exp_f32 (Note [vectorizable exp] in detail/cpu/vec_exp.hpp) against the correctly rounded e^x: within
 // 2 ulp over the whole normal range, one subnormal step below it, exactly 0 / inf / NaN where expf gives
-// them; and the row helpers sum_exp / exp_scaled against fp64 sums for fp32 and bf16 rows.
+// them; vec::tanh_f32 within 4 ulp; and the row helpers sum_exp / exp_scaled against fp64 sums for fp32 and
+// bf16 rows.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -46,6 +47,35 @@ TEST(VecExp, WithinTwoUlpOverTheNormalRange) {
   EXPECT_LE(worst, 2.0) << "worst at x = " << worst_x;
   std::printf("[vec_exp] largest error over the sampled normal range: %.3f ulp at x = %.9g\n", worst, worst_x);
   EXPECT_GT(worst, 0.0) << "a check that never sees an error checks nothing";
+}
+
+// vec::tanh_f32 against the correctly rounded tanh over every 61st fp32 value of [-20, 20] (beyond, both are
+// ±1): within 4 ulp, including the switch from the polynomial to the exp form at |x| = 0.4, and its special values.
+TEST(VecTanh, WithinFourUlpAndItsSpecialValues) {
+  double worst = 0;
+  float worst_x = 0;
+  auto check = [&](float x) {
+    const double exact = std::tanh(static_cast<double>(x));
+    const float rounded = static_cast<float>(exact);
+    const float next = std::nextafter(rounded, exact < 0 ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity());
+    const double ulp = std::abs(static_cast<double>(next) - static_cast<double>(rounded));
+    const double u = std::abs(static_cast<double>(tg::backend::cpu::vec::tanh_f32(x)) - exact) / ulp;
+    if (u > worst) worst = u, worst_x = x;
+  };
+  const std::uint32_t top = std::bit_cast<std::uint32_t>(20.f);
+  for (std::uint32_t b = 1; b <= top; b += 61) {  // positive, then negative (the same magnitudes)
+    check(std::bit_cast<float>(b));
+    check(-std::bit_cast<float>(b));
+  }
+  for (float x : {0.39999998f, 0.4f, 0.40000004f, -0.4f, 1e-30f, 3.f, 9.f}) check(x);
+  EXPECT_LE(worst, 4.0) << "worst at x = " << worst_x;
+  std::printf("[vec_tanh] largest error over the sampled range: %.3f ulp at x = %.9g\n", worst, worst_x);
+  using tg::backend::cpu::vec::tanh_f32;
+  EXPECT_EQ(tanh_f32(std::numeric_limits<float>::infinity()), 1.f);
+  EXPECT_EQ(tanh_f32(-std::numeric_limits<float>::infinity()), -1.f);
+  EXPECT_TRUE(std::isnan(tanh_f32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::signbit(tanh_f32(-0.f)) && tanh_f32(-0.f) == 0.f);
+  EXPECT_EQ(tanh_f32(100.f), 1.f);
 }
 
 TEST(VecExp, SpecialValuesAndTheEdgesOfTheRange) {
