@@ -1,8 +1,12 @@
-// bench_fusion: the median time and peak memory of a training step written with separate elementwise ops (an MLP
-// stack whose GELU is spelled out: 0.5 h (1 + tanh(√(2/π)(h + 0.044715 h³))), and a squared-error loss), run
-// eagerly, or through tg::compile with and without its fusion rewrite (Note [fusion rewrites]).
-//   bench_fusion --mode eager|fused|plain --precision fp32|bf16 --batch 8 --seq 128 --width 256 --layers 2
-// The last line is JSON (median_ms, peak_bytes, chains) for benchmarks/fusion.sh.
+// bench_fusion: the median time and peak memory of a training step written with separate ops, run eagerly, or
+// through tg::compile with and without its fusion rewrites. Two steps:
+//   --step mlp    an MLP stack whose GELU is spelled out: 0.5 h (1 + tanh(√(2/π)(h + 0.044715 h³))), and a
+//                 squared-error loss (Note [fusion rewrites]: chains of elementwise ops);
+//   --step block  pre-LN blocks written with separate ops: linear, gelu_tanh, linear, dropout and the residual add,
+//                 a second branch (linear), the residual add and the next LayerNorm (Note [pair rewrites]: dropout_add
+//                 and add_layernorm; the loss's sub and mul are a chain).
+//   bench_fusion --mode eager|fused|plain --step mlp|block --precision fp32|bf16 --batch 8 --seq 128 --width 256 --layers 2
+// The last line is JSON (median_ms, peak_bytes, chains, pairs) for benchmarks/fusion.sh.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +23,8 @@ namespace {
 using tg::Tensor;
 
 struct Args {
-  std::string mode = "eager", precision = "fp32";
+  std::string mode = "eager", precision = "fp32", step = "mlp";
+  double dropout = 0.1;
   std::int64_t B = 8, S = 128, C = 256, layers = 2, steps = 20, warmup = 3;
   int threads = 2;
 };
@@ -28,17 +33,47 @@ template <class T>
 int bench(const Args& a) {
   tg::backend::cpu::set_num_threads(a.threads);
   const std::int64_t H = 4 * a.C;
-  tg::Generator gen(5);
+  tg::Generator gen(5), drop(6);
   std::vector<tg::optim::Param> ps;
+  const bool block = a.step == "block";
   for (std::int64_t l = 0; l < a.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
-    ps.emplace_back(p + "w1", Tensor<float>::normal({a.C, H}, 0.f, 0.02f, gen));
-    ps.emplace_back(p + "b1", Tensor<float>::zeros({H}));
-    ps.emplace_back(p + "w2", Tensor<float>::normal({H, a.C}, 0.f, 0.02f, gen));
+    if (block) {  // linear weights are [out, in]
+      ps.emplace_back(p + "w1", Tensor<float>::normal({H, a.C}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "b1", Tensor<float>::zeros({H}));
+      ps.emplace_back(p + "w2", Tensor<float>::normal({a.C, H}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "b2", Tensor<float>::zeros({a.C}));
+      ps.emplace_back(p + "w3", Tensor<float>::normal({a.C, a.C}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "ln.weight", Tensor<float>::ones({a.C}));
+      ps.emplace_back(p + "ln.bias", Tensor<float>::zeros({a.C}));
+    } else {
+      ps.emplace_back(p + "w1", Tensor<float>::normal({a.C, H}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "b1", Tensor<float>::zeros({H}));
+      ps.emplace_back(p + "w2", Tensor<float>::normal({H, a.C}, 0.f, 0.02f, gen));
+    }
   }
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.f), {.lr = 1e-4f});
   const Tensor<float> x = Tensor<float>::normal({a.B, a.S, a.C}, 0.f, 1.f, gen), y = Tensor<float>::normal({a.B, a.S, a.C}, 0.f, 1.f, gen);
-  auto step = [&] {
+  auto block_step = [&] {
+    std::vector<Tensor<T>> w;  // the weights in the compute type, cast first (no op between a pair's two ops)
+    for (const auto& p : ps) w.push_back(p.tensor.template to<T>());
+    Tensor<T> h = x.to<T>(), z = h;
+    for (std::int64_t l = 0; l < a.layers; ++l) {
+      const auto i = static_cast<std::size_t>(7 * l);
+      const Tensor<T> m = tg::linear(tg::gelu_tanh(tg::linear(z, w[i], w[i + 1])), w[i + 2], w[i + 3]);
+      h = tg::add(h, tg::dropout(m, a.dropout, drop));  // dropout -> add
+      const Tensor<T> v = tg::linear(h, w[i + 4]);
+      h = tg::add(h, v);                                // add -> layernorm
+      z = tg::layernorm(h, w[i + 5], w[i + 6]);
+    }
+    const Tensor<float> d = z.template to<float>() - y;
+    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return static_cast<double>(loss.item());
+  };
+  auto mlp_step = [&] {
     Tensor<T> h = x.to<T>();
     for (std::int64_t l = 0; l < a.layers; ++l) {
       const auto i = static_cast<std::size_t>(3 * l);
@@ -53,6 +88,7 @@ int bench(const Args& a) {
     opt.zero_grad();
     return static_cast<double>(loss.item());
   };
+  auto step = [&] { return block ? block_step() : mlp_step(); };
   auto compiled = tg::compile(step, tg::CompileOptions{.verbose = false, .fuse = a.mode == "fused"});
   std::vector<double> ms;
   double loss = 0;
@@ -68,11 +104,13 @@ int bench(const Args& a) {
   const auto mem = alloc.stats();
   std::size_t links = 0;
   for (const auto& c : compiled.fused_chains()) links += c.links.size();
-  std::printf("| %s %s | B=%lld S=%lld C=%lld layers=%lld | %d threads | median %.2f ms/step (min %.2f, max %.2f) | peak %.1f MiB | %zu chains, %zu ops |\n",
-              a.mode.c_str(), a.precision.c_str(), (long long)a.B, (long long)a.S, (long long)a.C, (long long)a.layers, a.threads,
-              ms[ms.size() / 2], ms.front(), ms.back(), static_cast<double>(mem.peak_bytes) / (1 << 20), compiled.fused_chains().size(), links);
-  std::printf("{\"mode\":\"%s\",\"precision\":\"%s\",\"median_ms\":%.3f,\"peak_bytes\":%lld,\"chains\":%zu,\"loss\":%.6f}\n", a.mode.c_str(),
-              a.precision.c_str(), ms[ms.size() / 2], (long long)mem.peak_bytes, compiled.fused_chains().size(), loss);
+  std::printf("| %s %s %s | B=%lld S=%lld C=%lld layers=%lld | %d threads | median %.2f ms/step (min %.2f, max %.2f) | peak %.1f MiB | %zu chains, %zu ops; %zu pairs |\n",
+              a.step.c_str(), a.mode.c_str(), a.precision.c_str(), (long long)a.B, (long long)a.S, (long long)a.C, (long long)a.layers, a.threads,
+              ms[ms.size() / 2], ms.front(), ms.back(), static_cast<double>(mem.peak_bytes) / (1 << 20), compiled.fused_chains().size(), links,
+              compiled.fused_pairs().size());
+  std::printf("{\"mode\":\"%s\",\"precision\":\"%s\",\"median_ms\":%.3f,\"peak_bytes\":%lld,\"chains\":%zu,\"pairs\":%zu,\"loss\":%.6f}\n",
+              a.mode.c_str(), a.precision.c_str(), ms[ms.size() / 2], (long long)mem.peak_bytes, compiled.fused_chains().size(),
+              compiled.fused_pairs().size(), loss);
   return 0;
 }
 
@@ -82,6 +120,9 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"bench_fusion: a step of separate elementwise ops, eager or compiled with and without fusion"};
   app.add_option("--mode", a.mode, "eager, fused (tg::compile), plain (tg::compile without fusion)")->check(CLI::IsMember({"eager", "fused", "plain"}));
+  app.add_option("--step", a.step, "mlp (a spelled-out GELU: chains) or block (pre-LN blocks of separate ops: pairs)")
+      ->check(CLI::IsMember({"mlp", "block"}));
+  app.add_option("--dropout", a.dropout, "the block step's dropout probability")->check(CLI::Range(0.0, 0.99));
   app.add_option("--precision", a.precision)->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--batch", a.B)->check(CLI::PositiveNumber);
   app.add_option("--seq", a.S)->check(CLI::PositiveNumber);

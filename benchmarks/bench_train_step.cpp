@@ -77,8 +77,8 @@ int bench(const Args& a) {
               static_cast<double>(B * T) / (median / 1e3), loss_value, (long long)mem.peak_bytes);
   if (a.compile) {
     if (compiled.eager()) std::printf("note: the step ran eagerly after its allocations left the plan (%s)\n", compiled.last_replay().divergence.c_str());
-    std::printf("compiled: %lld capture(s), %lld replays, %zu fused chains of elementwise ops; the memory plan:\n%s",
-                (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(),
+    std::printf("compiled: %lld capture(s), %lld replays, %zu fused chains of elementwise ops, %zu fused pairs; the memory plan:\n%s",
+                (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                 compiled.memory_plan().describe().c_str());
   }
   return 0;

@@ -203,7 +203,7 @@ int train_parallel(Options o, tg::capture::MemoryPlan* probe = nullptr) {
   compiled.set_parameters(params);
   if (probe) {  // --plan, --memory-budget: every rank captures one step (Note [compiled steps in the trainer])
     compiled();
-    compiled();  // the fused step's plan where a rank fused chains; every rank alike (its collectives)
+    compiled();  // the fused step's plan where a rank fused chains or pairs; every rank alike (its collectives)
     *probe = compiled.memory_plan();
     return 0;
   }
@@ -268,8 +268,8 @@ int train_parallel(Options o, tg::capture::MemoryPlan* probe = nullptr) {
                 tg::train::human_bytes(activations).c_str(), tg::train::human_bytes(step_peak).c_str(), static_cast<double>(tp_bytes) / steps_run / (1 << 20), tp_formula / (1 << 20),
                 static_cast<double>(pp_bytes) / steps_run / (1 << 20), pp_formula / (1 << 20));
     if (o.compile)
-      std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains on rank 0; planned peak %s\n",
-                  (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(),
+      std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains, %zu fused pairs on rank 0; planned peak %s\n",
+                  (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                   tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str());
     if (pipe)
       std::printf("  pipeline          rank 0 waited on its neighbours %.1f%% of the step time (the 1F1B bubble (p-1)/(m+p-1) = %.1f%%)\n",

@@ -16,13 +16,15 @@ namespace train_gpt {
 
 // Note [compiled steps in the trainer]
 // --compile runs each optimizer step (its micro-batches' forwards and backwards and the boundary) through
-// tg::compile (Note [compiled steps]): step 1 captures it and plans its memory, which is printed; the
-// next steps replay it from the arena, so they make no allocator call on the device (the batch prefetcher's
-// thread allocates its batches as before). Validation, samples and checkpoints run between steps, eagerly.
-// Results are the eager run's bit for bit where the fusion rewrite finds no chain of separate elementwise ops
-// (the GPT blocks call fused ops; the --tp blocks' bias and residual adds make chains, fused in fp32 without
-// changing a bit of their sums) and with --no-fuse always. --plan builds the run, captures one step (two when
-// chains are fused: the second is the fused step; on the run's own model and optimizer: nothing is written),
+// tg::compile (Note [compiled steps]): step 1 captures it and plans its memory (step 2 where step 1 found
+// chains or pairs to fuse: it captures the fused step), which is printed; the next steps replay it from the
+// arena, so they make no allocator call on the device (the batch prefetcher's thread allocates its batches as
+// before). Validation, samples and checkpoints run between steps, eagerly. Results are the eager run's bit for
+// bit where the fusion rewrite finds no chain of separate elementwise ops (the GPT blocks call fused ops; the
+// pairs they make without dropout run as add_layernorm, bit for bit; the --tp blocks' bias and residual adds
+// make chains, fused in fp32 without changing a bit of their sums) and with --no-fuse always. --plan builds the
+// run, captures one step (two when chains or pairs are fused: the second is the fused step; on the run's own
+// model and optimizer: nothing is written),
 // prints the plan and exits. --memory-budget B does the same for each
 // activation checkpointing from the least recompute (none, selective, blocks) before the run starts, and
 // trains with the first whose planned peak fits B; none fitting is an error naming the smallest peak. On a
@@ -64,7 +66,7 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   compiled.set_parameters(s.params);
   if (probe) {
     compiled();
-    if (!compiled.fused_chains().empty()) compiled();  // the fused step's plan (Note [fusion rewrites])
+    if (!compiled.fused_chains().empty() || !compiled.fused_pairs().empty()) compiled();  // the fused step's plan (Note [fusion rewrites])
     *probe = compiled.memory_plan();
     return 0;
   }
@@ -74,6 +76,7 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   s.validate(0);
   const auto started = tg::train::Clock::now();
   std::int64_t compiled_peak = 0;  // --compile: the most device memory a replayed step used (its allocator's peak)
+  std::int64_t settled_at = 0;     // --compile: the step whose capture the later steps replay
   for (std::int64_t k = s.start_step + 1; k <= o.steps; ++k) {
     const auto t0 = tg::train::Clock::now();
     if (o.compile) {  // the step's own peak (the run's is kept for the summary)
@@ -86,10 +89,13 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     } catch (const tg::optim::NonFiniteStep& e) {
       throw s.stopped_at(k, e);  // nothing applied; --on-nonfinite skip would have skipped the step
     }
-    if (o.compile && k > s.start_step + 1) compiled_peak = std::max(compiled_peak, tg::allocator<D>().stats().peak_bytes);
+    if (o.compile && settled_at) compiled_peak = std::max(compiled_peak, tg::allocator<D>().stats().peak_bytes);
     if (o.compile) s.earlier_peak = std::max(s.earlier_peak, tg::allocator<D>().stats().peak_bytes);
-    if (o.compile && k == s.start_step + 1 && o.rank == 0)
-      std::printf("compiled step: captured at step %lld; its memory plan:\n%s", (long long)k, compiled.memory_plan().describe().c_str());
+    if (o.compile && !settled_at && compiled.settled()) {  // step 1, or step 2 where step 1 found fusions
+      settled_at = k;
+      if (o.rank == 0)
+        std::printf("compiled step: captured at step %lld; its memory plan:\n%s", (long long)k, compiled.memory_plan().describe().c_str());
+    }
     if (s.prune && s.prune->update(k)) step.refresh_weights();  // the schedule's mask update after step k
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
@@ -106,8 +112,8 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
   }
   s.finish(clock, started);  // the final sample, the summary, --plot
   if (o.compile) {
-    std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains%s; planned peak %s, measured peak of the replayed steps %s\n",
-                (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(),
+    std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains, %zu fused pairs%s; planned peak %s, measured peak of the replayed steps %s\n",
+                (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                 compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
                 tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str(), tg::train::human_bytes(compiled_peak).c_str());
     std::fflush(stdout);

@@ -2,6 +2,7 @@
 #include "typegrad/compile/fusion.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <sstream>
 #include <utility>
@@ -30,6 +31,27 @@ std::string FusedChain::describe() const {
   return o.str();
 }
 
+std::string FusedPair::describe() const {
+  static constexpr const char* producers[] = {"add", "dropout", "linear"};
+  static constexpr const char* consumers[] = {"layernorm", "add", "gelu_tanh"};
+  const auto k = static_cast<std::size_t>(kind);
+  std::ostringstream o;
+  o << producers[k] << " -> " << consumers[k] << ' ' << shape << ' ' << dtype_name(dtype) << " as " << fusion::pair_kind_name(kind);
+  return o.str();
+}
+
+namespace {
+bool pairs_on_every_device() {
+  const char* v = std::getenv("TG_FUSE_PAIRS");
+  if (!v || !*v) return false;
+  const std::string s(v);
+  if (s == "all") return true;
+  throw Error("TG_FUSE_PAIRS must be 'all' (or unset), got '", s, "'");
+}
+}  // namespace
+
+FusionScout::FusionScout() : every_device_(pairs_on_every_device()) {}
+
 bool fusable_context() { return autodiff::grad_enabled() && !autodiff::in_backward() && autodiff::region_stack().empty(); }
 
 // ---- finding chains ------------------------------------------------------------------------------------------
@@ -43,10 +65,23 @@ int FusionScout::producer_of(const Storage* s) const {
 
 fusion::Decision FusionScout::on_op(const pw::ChainStep& step, const fusion::OperandInfo* operands, int n, const Shape& out_shape,
                                     DType dtype, DeviceKind device) {
+  list(step, fusion::Special::none, operands, n, out_shape, dtype, device);
+  return {};
+}
+
+fusion::Decision FusionScout::on_special(fusion::Special op, const fusion::OperandInfo* operands, int n, const Shape& out_shape,
+                                         DType dtype, DeviceKind device) {
+  list(pw::ChainStep(), op, operands, n, out_shape, dtype, device);
+  return {};
+}
+
+void FusionScout::list(const pw::ChainStep& step, fusion::Special special, const fusion::OperandInfo* operands, int n,
+                       const Shape& out_shape, DType dtype, DeviceKind device) {
   awaiting_ = false;
-  if (!fusable_context()) return {};
+  if (!fusable_context()) return;
   Event e;
   e.step = step;
+  e.special = special;
   e.n = n;
   e.shape = out_shape;
   e.dtype = dtype;
@@ -79,7 +114,6 @@ fusion::Decision FusionScout::on_op(const pw::ChainStep& step, const fusion::Ope
       if (readers.empty() || readers.back() != me) readers.push_back(me);
     }
   awaiting_ = true;
-  return {};
 }
 
 void FusionScout::on_recorded() { ++recorded_; }
@@ -97,17 +131,79 @@ void FusionScout::on_io(const std::shared_ptr<Storage>& output, const void* outp
   if (output) produced_.erase(output.get());
 }
 
-std::vector<FusedChain> FusionScout::plan() const {
-  std::vector<FusedChain> chains;
+std::vector<FusedPair> FusionScout::pairs(std::vector<bool>& taken) const {
+  std::vector<FusedPair> out;
   const int n = static_cast<int>(events_.size());
+  auto is_add = [](const Event& e) { return e.special == fusion::Special::none && e.step.binary && e.step.b == math::Binary::add && e.n == 2; };
+  auto value_only_read_by = [](const Event& p, int reader) {  // never stored once fused: read by its consumer only, gone at the end
+    return !p.read_elsewhere && p.out.expired() && p.readers.size() == 1 && p.readers.front() == reader;
+  };
+  for (int k = 0; k + 1 < n; ++k) {
+    const Event& p = events_[static_cast<std::size_t>(k)];
+    const Event& c = events_[static_cast<std::size_t>(k + 1)];
+    if (c.recorded_at != p.recorded_at + 1 || c.dtype != p.dtype || c.device != p.device) continue;
+    FusedPair pr;
+    bool found = false;
+    if (is_add(p) && c.special == fusion::Special::layernorm && c.in[0].from == k && p.in[0].shape == p.shape &&
+        p.in[1].shape == p.shape) {
+      pr.kind = fusion::PairKind::add_layernorm;
+      pr.value_operand = 0;
+      found = true;
+    } else if (p.special == fusion::Special::dropout && is_add(c) && (c.in[0].from == k) != (c.in[1].from == k) &&
+               c.shape == p.shape && value_only_read_by(p, k + 1)) {
+      pr.kind = fusion::PairKind::dropout_add;
+      pr.value_operand = c.in[0].from == k ? 0 : 1;
+      found = c.in[1 - pr.value_operand].shape == p.shape;
+    } else if (p.special == fusion::Special::linear && (p.device != DeviceKind::cpu || every_device_) &&
+               c.special == fusion::Special::none && !c.step.binary &&
+               c.step.u == math::Unary::gelu_tanh && c.in[0].from == k && value_only_read_by(p, k + 1)) {
+      pr.kind = fusion::PairKind::linear_gelu_tanh;
+      pr.value_operand = 0;
+      found = true;
+    }
+    if (!found) continue;
+    pr.first = k;
+    pr.shape = p.shape;
+    pr.dtype = p.dtype;
+    pr.device = p.device;
+    pr.producer_operands = p.n;
+    std::ostringstream why;
+    why << "tg::compile: this tensor is the value of the pair " << pr.describe()
+        << (pr.kind == fusion::PairKind::add_layernorm ? ", which the fused op writes when its layernorm runs: it was read before that"
+                                                        : ", which the fused op never stores: it was read other than by the pair's consumer")
+        << " (Note [pair rewrites]); compile the step with CompileOptions{.fuse = false}";
+    pr.message = std::make_shared<const std::string>(why.str());
+    taken[static_cast<std::size_t>(k)] = taken[static_cast<std::size_t>(k + 1)] = true;
+    out.push_back(std::move(pr));
+    ++k;
+  }
+  return out;
+}
+
+FusionPlan FusionScout::plan() const {
+  FusionPlan result;
+  std::vector<bool> taken(events_.size(), false);
+  result.pairs = pairs(taken);
+  std::vector<FusedChain>& chains = result.chains;
+  const int n = static_cast<int>(events_.size());
+  auto chainable = [&](int k) {
+    const Event& e = events_[static_cast<std::size_t>(k)];
+    return e.special == fusion::Special::none && !taken[static_cast<std::size_t>(k)];
+  };
   int i = 0;
   while (i < n) {
     const Event& head = events_[static_cast<std::size_t>(i)];
+    if (!chainable(i)) {
+      ++i;
+      continue;
+    }
     int end = i;
     while (end + 1 < n) {  // the longest run of ops recorded back to back, of one dtype, device and shape
       const Event& a = events_[static_cast<std::size_t>(end)];
       const Event& b = events_[static_cast<std::size_t>(end + 1)];
-      if (b.recorded_at != a.recorded_at + 1 || b.dtype != head.dtype || b.device != head.device || b.shape != head.shape) break;
+      if (!chainable(end + 1) || b.recorded_at != a.recorded_at + 1 || b.dtype != head.dtype || b.device != head.device ||
+          b.shape != head.shape)
+        break;
       ++end;
     }
     if (head.shape.numel() < kMinChainElements) end = i;
@@ -173,7 +269,7 @@ std::vector<FusedChain> FusionScout::plan() const {
     chains.push_back(std::move(c));
     i = end + 1;
   }
-  return chains;
+  return result;
 }
 
 // ---- fusing them ---------------------------------------------------------------------------------------------
@@ -183,14 +279,106 @@ void FusionApply::diverged(const std::string& what) const {
               "): its ops depend on its data, so its fused chains cannot be replayed; run it without compile");
 }
 
+void FusionApply::pair_diverged(const std::string& what) const {
+  const std::string pair = next_pair_ < pairs_->size() ? (*pairs_)[next_pair_].describe() : std::string("none");
+  throw Error("tg::compile: fusion: ", what, " (fused pair ", next_pair_, ": ", pair,
+              "): its ops depend on its data, so its fused pairs cannot be replayed; run it without compile");
+}
+
+namespace {
+const char* op_name(const pw::ChainStep* step, fusion::Special op) { return step ? pw::chain_op_name(*step) : fusion::special_name(op); }
+}  // namespace
+
+fusion::Decision FusionApply::produce(const pw::ChainStep* step, fusion::Special op, const fusion::OperandInfo* operands, int n,
+                                      const Shape& out_shape, DType dtype, DeviceKind device) {
+  const FusedPair& pr = (*pairs_)[next_pair_];
+  bool same = false;
+  switch (pr.kind) {
+    case fusion::PairKind::add_layernorm:
+      same = step && step->binary && step->b == math::Binary::add && n == 2 && operands[0].shape == out_shape && operands[1].shape == out_shape;
+      break;
+    case fusion::PairKind::dropout_add: same = !step && op == fusion::Special::dropout; break;
+    case fusion::PairKind::linear_gelu_tanh: same = !step && op == fusion::Special::linear; break;
+  }
+  if (!same || n != pr.producer_operands || out_shape != pr.shape || dtype != pr.dtype || device != pr.device)
+    pair_diverged(std::string("the pair's first op is '") + op_name(step, op) + "' " + to_string(out_shape) + ' ' + std::string(dtype_name(dtype)) +
+                  (n == pr.producer_operands ? std::string() : " over " + std::to_string(n) + " operands"));
+  pair_ = {};
+  pair_.kind = pr.kind;
+  pair_open_ = true;
+  fusion::Decision d;
+  if (pr.kind == fusion::PairKind::add_layernorm) {
+    d.action = fusion::Action::deferred;  // the add records its node; the consumer writes its output
+    d.why = pr.message;
+    own_record_ = true;
+  } else {
+    d.action = fusion::Action::member;
+    d.pending = Storage::pending(static_cast<std::size_t>(out_shape.numel()) * dtype_size(dtype), pr.message);
+    pair_value_ = d.pending;
+  }
+  return d;
+}
+
+fusion::Decision FusionApply::consume(const pw::ChainStep* step, fusion::Special op, const fusion::OperandInfo* operands, int n,
+                                      const Shape& out_shape, DType dtype, DeviceKind device) {
+  const FusedPair& pr = (*pairs_)[next_pair_];
+  bool same = false;
+  switch (pr.kind) {
+    case fusion::PairKind::add_layernorm: same = !step && op == fusion::Special::layernorm; break;
+    case fusion::PairKind::dropout_add: same = step && step->binary && step->b == math::Binary::add && n == 2; break;
+    case fusion::PairKind::linear_gelu_tanh: same = step && !step->binary && step->u == math::Unary::gelu_tanh; break;
+  }
+  if (!same || out_shape != pr.shape || dtype != pr.dtype || device != pr.device)
+    pair_diverged(std::string("'") + op_name(step, op) + "' " + to_string(out_shape) + ' ' + std::string(dtype_name(dtype)) +
+                  " ran right after the pair's first op where the captured step ran its consumer");
+  const Storage* value = pr.kind == fusion::PairKind::add_layernorm ? pair_.filled.get() : pair_value_.get();
+  auto is_value = [&](const fusion::OperandInfo& o) {
+    return value && o.raw() == value && o.offset == 0 && o.shape == pr.shape && o.strides == contiguous_strides(pr.shape);
+  };
+  const int v = pr.value_operand;
+  bool wired = v < n && is_value(operands[v]);
+  for (int i = 0; i < n; ++i)
+    if (i != v && is_value(operands[i])) wired = false;
+  if (pr.kind == fusion::PairKind::dropout_add && wired) wired = operands[1 - v].shape == pr.shape;
+  if (!wired)
+    pair_diverged(std::string("the pair's consumer '") + op_name(step, op) + "' does not read the value of its first op as operand " +
+                  std::to_string(v) + " alone, as the captured step did");
+  pair_open_ = false;
+  own_record_ = false;
+  pair_running_ = true;
+  ++next_pair_;
+  fusion::Decision d;
+  d.action = fusion::Action::consume;
+  d.value_operand = v;
+  return d;
+}
+
+fusion::Decision FusionApply::on_special(fusion::Special op, const fusion::OperandInfo* operands, int n, const Shape& out_shape,
+                                         DType dtype, DeviceKind device) {
+  if (!fusable_context()) {
+    if (open_) diverged(std::string("'") + fusion::special_name(op) + "' ran between two links where it cannot be fused");
+    if (pair_open_) pair_diverged(std::string("'") + fusion::special_name(op) + "' ran between the pair's ops");
+    return {};
+  }
+  const std::int64_t ordinal = ordinal_++;
+  if (open_) diverged(std::string("'") + fusion::special_name(op) + "' ran between two links");
+  if (pair_open_) return consume(nullptr, op, operands, n, out_shape, dtype, device);
+  if (next_pair_ < pairs_->size() && (*pairs_)[next_pair_].first == ordinal) return produce(nullptr, op, operands, n, out_shape, dtype, device);
+  return {};
+}
+
 fusion::Decision FusionApply::on_op(const pw::ChainStep& step, const fusion::OperandInfo* operands, int n, const Shape& out_shape,
                                     DType dtype, DeviceKind device) {
   if (!fusable_context()) {
     if (open_) diverged(op_and_shape(step, out_shape, dtype) + " ran between two links where it cannot be fused");
+    if (pair_open_) pair_diverged(op_and_shape(step, out_shape, dtype) + " ran between the pair's ops");
     return {};
   }
   const std::int64_t ordinal = ordinal_++;
+  if (pair_open_) return consume(&step, fusion::Special::none, operands, n, out_shape, dtype, device);
   if (!open_) {
+    if (next_pair_ < pairs_->size() && (*pairs_)[next_pair_].first == ordinal)
+      return produce(&step, fusion::Special::none, operands, n, out_shape, dtype, device);
     if (next_ >= chains_->size() || (*chains_)[next_].first != ordinal) return {};
     open_ = true;
     link_ = 0;
@@ -255,13 +443,17 @@ fusion::Decision FusionApply::on_op(const pw::ChainStep& step, const fusion::Ope
   }
   out_shape_ = out_shape;
   open_ = false;
-  running_ = true;
   d.action = fusion::Action::tail;
   return d;
 }
 
 void FusionApply::done() {
-  running_ = false;
+  if (pair_running_) {
+    pair_running_ = false;
+    pair_ = {};
+    pair_value_.reset();
+    return;
+  }
   ++next_;
   pending_.clear();
   inputs_.clear();
@@ -269,10 +461,21 @@ void FusionApply::done() {
 }
 
 void FusionApply::on_recorded(const char* op) {
+  if (pair_open_) {
+    if (own_record_) {  // the deferred add's own node
+      own_record_ = false;
+      return;
+    }
+    pair_diverged(std::string("op '") + op + "' was recorded between the pair's ops");
+  }
   if (open_) diverged(std::string("op '") + op + "' was recorded between links " + std::to_string(link_ - 1) + " and " + std::to_string(link_));
 }
 
 void FusionApply::finish() const {
+  if (pair_open_) pair_diverged("the step ended after the pair's first op");
+  if (next_pair_ != pairs_->size())
+    throw Error("tg::compile: fusion: the step ran ", next_pair_, " of the ", pairs_->size(), " fused pairs it was captured with (the next one: ",
+                (*pairs_)[next_pair_].describe(), "): its ops depend on its data, so it cannot be replayed; run it without compile");
   if (open_) diverged("the step ended after link " + std::to_string(link_ - 1));
   if (next_ != chains_->size())
     throw Error("tg::compile: fusion: the step ran ", next_, " of the ", chains_->size(), " fused chains it was captured with (the next one: ",
@@ -280,4 +483,24 @@ void FusionApply::finish() const {
 }
 
 }  // namespace capture
+
+namespace fusion {
+const char* pair_kind_name(PairKind k) {
+  switch (k) {
+    case PairKind::add_layernorm: return "add_layernorm";
+    case PairKind::dropout_add: return "dropout_add";
+    case PairKind::linear_gelu_tanh: return "linear_gelu_tanh";
+  }
+  return "?";
+}
+const char* special_name(Special op) {
+  switch (op) {
+    case Special::none: return "elementwise";
+    case Special::dropout: return "dropout";
+    case Special::linear: return "linear";
+    case Special::layernorm: return "layernorm";
+  }
+  return "?";
+}
+}  // namespace fusion
 }  // namespace tg

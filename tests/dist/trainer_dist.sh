@@ -73,10 +73,10 @@ same_losses grid_ckpt.jsonl g_one.jsonl 1 1e-6
 # bit for bit, with the fusion rewrite (the tensor-parallel blocks' bias and residual adds are chains: fused
 # fp32 adds change no bit) and without it.
 run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --compile --log grid_comp.jsonl > grid_comp.out
-grep -q "compile           2 capture(s), 8 replays, [1-9][0-9]* fused chains on rank 0" grid_comp.out
+grep -q "compile           2 capture(s), 8 replays, [1-9][0-9]* fused chains, [0-9]* fused pairs on rank 0" grid_comp.out
 same_losses grid_comp.jsonl grid.jsonl 1 0
 run -np 4 "$T" "${C[@]}" "${G[@]}" --tp 2 --pp 2 --compile --no-fuse --log grid_nofuse.jsonl > grid_nofuse.out
-grep -q "compile           1 capture(s), 9 replays, 0 fused chains on rank 0" grid_nofuse.out
+grep -q "compile           1 capture(s), 9 replays, 0 fused chains, 0 fused pairs on rank 0" grid_nofuse.out
 same_losses grid_nofuse.jsonl grid.jsonl 1 0
 "$T" "${C[@]}" --steps 10 --batch 4 --grad-accum 2 --resume gck/ckpt-00000005.safetensors --log g_alone.jsonl > g_alone.out
 run -np 2 "$T" "${C[@]}" --steps 10 --batch 2 --grad-accum 2 --dist ddp --resume gck/ckpt-00000005.safetensors --log g_dp.jsonl > g_dp.out

@@ -23,16 +23,7 @@
 
 namespace {
 
-tg::nn::GPTConfig config(float dropout) {
-  tg::nn::GPTConfig c;
-  c.vocab_size = 50;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  c.dropout = dropout;
-  return c;
-}
+using tg::testing::small_gpt;
 
 tg::data::Batch batch(std::int64_t k) {
   return {tg::testing::random_tokens(3, 12, 50, 700 + 2 * static_cast<std::uint64_t>(k)),
@@ -82,7 +73,7 @@ std::unique_ptr<tg::optim::Optimizer> optimizer(const std::vector<tg::optim::Par
 template <class Policy, class Scaler = tg::amp::default_scaler_t<Policy>>
 Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
   tg::Generator init(3), drop(4);
-  tg::nn::GPT model(config(s.dropout), init);
+  tg::nn::GPT model(small_gpt(s.dropout), init);
   const auto ps = model.named_parameters();
   const auto owned = optimizer(ps, s.sgd);
   tg::optim::Optimizer& opt = *owned;
@@ -246,7 +237,7 @@ TEST(DeviceBoundary, EqualsTheHostBoundaryWithSgdAndAnInf) {
 
 TEST(DeviceBoundary, RejectsWhatItCannotDecide) {
   tg::Generator init(3);
-  tg::nn::GPT model(config(0.f), init);
+  tg::nn::GPT model(small_gpt(0.f), init);
   const auto ps = model.named_parameters();
   tg::optim::Schedule sched = tg::optim::Constant{1e-3f};
   {

@@ -78,8 +78,10 @@ echo "2. --resume continues with identical losses; --init-from loads the weights
 # resumes an eager run's checkpoint alike. --plan prints one step's plan and writes nothing; --memory-budget
 # picks a checkpointing or stops before step 1 naming the smallest planned peak.
 ok compiled --steps 4 "${C[@]}" --compile --log compiled.jsonl
-grep -q "compiled step: captured at step 1; its memory plan:" compiled.out
-grep -q "compile           1 capture(s), 3 replays, 0 fused chains" compiled.out  # the GPT blocks call fused ops
+# the GPT blocks call fused ops; without dropout each block's last residual add and the next LayerNorm are a pair
+# (Note [pair rewrites]): found at step 1, captured fused at step 2, replayed from step 3
+grep -q "compiled step: captured at step 2; its memory plan:" compiled.out
+grep -q "compile           2 capture(s), 2 replays, 0 fused chains, 4 fused pairs" compiled.out
 diff <(losses fp32.jsonl) <(losses compiled.jsonl)
 ok compiled_bf16 --steps 3 "${C[@]}" --compile --precision bf16 --grad-accum 2 --dropout 0.1 --log compiled_bf16.jsonl
 ok eager_bf16 --steps 3 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1 --log eager_bf16.jsonl

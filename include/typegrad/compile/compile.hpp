@@ -198,22 +198,27 @@ class CompiledStep {
     std::optional<capture::FusionApply> apply;
     if (options_.fuse) {
       if (!v.scouted) scout.emplace();
-      else if (!v.chains.empty()) apply.emplace(v.chains);
+      else if (!v.fusion.empty()) apply.emplace(v.fusion);
     }
     ops.set_fusion(scout ? &*scout : nullptr, apply ? &*apply : nullptr);
     fusion::Rewriter* rewriter = scout ? static_cast<fusion::Rewriter*>(&*scout) : apply ? static_cast<fusion::Rewriter*>(&*apply) : nullptr;
     auto after = [&] {  // the rewrite's checks and, after a first call, its plan
       if (apply) apply->finish();
       if (!scout) return;
-      v.chains = scout->plan();
+      v.fusion = scout->plan();
       v.scouted = true;
-      if (v.chains.empty()) return;
+      if (v.fusion.empty()) return;
       v.retrace = true;  // the next call captures the fused step
       if (options_.verbose) {
-        std::size_t links = 0;
-        for (const auto& c : v.chains) links += c.links.size();
-        std::fprintf(stderr, "tg::compile: fusing %zu chains of elementwise ops (%zu ops; the first: %s)\n", v.chains.size(), links,
-                     v.chains.front().describe().c_str());
+        if (!v.fusion.pairs.empty())
+          std::fprintf(stderr, "tg::compile: fusing %zu pairs of ops into fused ops (the first: %s)\n", v.fusion.pairs.size(),
+                       v.fusion.pairs.front().describe().c_str());
+        if (!v.fusion.chains.empty()) {
+          std::size_t links = 0;
+          for (const auto& c : v.fusion.chains) links += c.links.size();
+          std::fprintf(stderr, "tg::compile: fusing %zu chains of elementwise ops (%zu ops; the first: %s)\n", v.fusion.chains.size(),
+                       links, v.fusion.chains.front().describe().c_str());
+        }
       }
     };
     if (capture) v.memory->begin_trace();
@@ -267,15 +272,15 @@ class CompiledStep {
       if (v.memory->tracing_or_replaying()) finish(true);
       v.retrace = true;
       if (apply) {  // a fused call failed: the signature runs its ops as written from now on, said once
-        v.chains.clear();
+        v.fusion = {};
         if (options_.verbose)
-          std::fprintf(stderr, "tg::compile: a step with fused chains failed (%s): this signature is captured again without fusion\n", e.what());
+          std::fprintf(stderr, "tg::compile: a step with fused ops failed (%s): this signature is captured again without fusion\n", e.what());
       }
       throw;
     } catch (...) {
       if (v.memory->tracing_or_replaying()) finish(true);
       v.retrace = true;
-      if (apply) v.chains.clear();
+      if (apply) v.fusion = {};
       throw;
     }
   }
@@ -290,12 +295,20 @@ class CompiledStep {
   std::int64_t captures() const { return traces_; }
   std::int64_t replays() const { return replays_; }
   std::size_t variants() const { return variants_.size(); }
+  /// Whether the signature used last replays its capture from the next call on: captured, with no fused capture
+  /// or retrace pending (a signature with fused chains or pairs settles on its second call).
+  bool settled() const { return last_ && !last_->eager && !last_->retrace && last_->memory->has_plan(); }
   /// Whether the signature used last runs eagerly (its allocations kept leaving the plan).
   bool eager() const { return last_ && last_->eager; }
   /// The chains of elementwise ops the signature used last runs fused (Note [fusion rewrites]).
   const std::vector<capture::FusedChain>& fused_chains() const {
     static const std::vector<capture::FusedChain> none;
-    return last_ ? last_->chains : none;
+    return last_ ? last_->fusion.chains : none;
+  }
+  /// The pairs of ops the signature used last runs as one fused op each (Note [pair rewrites]).
+  const std::vector<capture::FusedPair>& fused_pairs() const {
+    static const std::vector<capture::FusedPair> none;
+    return last_ ? last_->fusion.pairs : none;
   }
   /// The ops the signature used last captured.
   const std::vector<capture::OpRecord>& ops() const {
@@ -309,8 +322,8 @@ class CompiledStep {
     capture::StepMemory* memory = nullptr;
     capture::MemoryPlan plan;
     std::vector<capture::OpRecord> ops;
-    std::vector<capture::FusedChain> chains;  // Note [fusion rewrites]
-    bool scouted = false;                     // chains looked for
+    capture::FusionPlan fusion;  // Note [fusion rewrites], Note [pair rewrites]
+    bool scouted = false;        // chains and pairs looked for
     bool retrace = false, eager = false;
     int divergences = 0;
   };

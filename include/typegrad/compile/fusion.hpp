@@ -60,6 +60,54 @@ struct FusedChain {
   std::string describe() const;  // "gelu_tanh -> mul -> add [4,64,128] bf16"
 };
 
+// Note [pair rewrites]
+// Three pairs of ops that a model may write separately have a fused op each; a compiled step (CompileOptions::fuse)
+// runs the pair as that op:
+//   add(x, r) read by layernorm(h, w, b)            -> add_layernorm  (h is kept: the residual stream reads it on)
+//   dropout(r) read by add(x, d) or add(d, x)       -> dropout_add    (d is never stored)
+//   linear(x, W[, b]) read by gelu_tanh(pre)        -> linear_gelu_tanh (pre is the fused op's own saved value),
+//                                                      off the CPU only (below)
+// The first call (FusionScout) lists these ops beside the elementwise ones, with the same operand identities. A
+// pair is a producer and its consumer recorded one right after the other, of one dtype and device, the consumer
+// reading that very tensor (storage, view and autograd identity); for add, both operands of the output's shape (no
+// broadcasting); for dropout and linear, a value read by the consumer only and gone when the step ends. Pairs are
+// chosen before chains: an op in a pair is in no chain. In the fused calls (FusionApply) the producer keeps its
+// operands (and the dropout its Philox position, drawn from its generator as dropout draws it) and returns
+// either a pending tensor with no memory (dropout, linear: no node) or, for add, its output allocated and marked
+// pending with its "add" node recorded as usual; the consumer runs the fused op, which writes the add's output.
+// Each fused op runs the pair's kernels or computes the same values: add_layernorm and dropout_add equal their
+// pairs bit for bit on each device (Note [fused residual add and LayerNorm], Note [fused dropout and residual
+// add]), linear_gelu_tanh on the CPU (on the GPU its cuBLASLt epilogue differs by rounding: Note [fused linear +
+// GELU]); the tape keeps the add's node, so gradients sum in the pair's order. On the CPU linear_gelu_tanh runs
+// the pair's own kernels and its one node keeps the GELU's incoming gradient alive through the linear's backward
+// (the pair's gelu node freed it first: 65 KiB more at the peak of tests/compile/test_pair_fusion.cpp's block), so
+// the CPU keeps that pair as written; TG_FUSE_PAIRS=all rewrites it there too (how the CPU tests run the GPU's
+// path). A different op, operand or an op
+// recorded between the two is an error naming it, raised before the op runs, and the signature is captured again
+// without fusion, as for chains. Reading a pending value, or the add's output before its layernorm, is an error
+// naming the pair.
+
+/// A pair of a compiled step run as one fused op: the producer numbered `first` (among the ops a rewrite may take
+/// over, as a chain's) and its consumer, first + 1.
+struct FusedPair {
+  fusion::PairKind kind = fusion::PairKind::add_layernorm;
+  std::int64_t first = 0;
+  Shape shape;  // the producer's output
+  DType dtype = DType::f32;
+  DeviceKind device = DeviceKind::cpu;
+  int producer_operands = 2;  // linear: 2 without a bias, 3 with
+  int value_operand = 0;      // the consumer's operand that is the producer's value
+  std::shared_ptr<const std::string> message;  // what reading the producer's value says
+  std::string describe() const;                // "linear -> gelu_tanh [8,128,1024] f32 as linear_gelu_tanh"
+};
+
+/// What the first call of a signature found.
+struct FusionPlan {
+  std::vector<FusedChain> chains;
+  std::vector<FusedPair> pairs;
+  bool empty() const { return chains.empty() && pairs.empty(); }
+};
+
 /// The smallest output a chain is fused for. Below it a pass costs nothing worth saving, and small values (a
 /// loss, a scale) are the ones a step reads on the host, which a rewrite cannot see (reading a chain's value
 /// is an error once fused).
@@ -72,18 +120,22 @@ bool fusable_context();
 /// Finds the chains of a step run eagerly (the first call of a signature).
 class FusionScout final : public fusion::Rewriter {
  public:
+  FusionScout();
   fusion::Decision on_op(const pw::ChainStep& step, const fusion::OperandInfo* operands, int n, const Shape& out_shape, DType dtype,
                          DeviceKind device) override;
+  fusion::Decision on_special(fusion::Special op, const fusion::OperandInfo* operands, int n, const Shape& out_shape, DType dtype,
+                              DeviceKind device) override;
   void add_input(std::shared_ptr<const void>) override {}
   const pw::ChainProgram& program() const override { return none_; }
   const Shape& out_shape() const override { return no_shape_; }
   const std::vector<std::shared_ptr<const void>>& inputs() const override { return no_inputs_; }
   void done() override {}
+  fusion::PairState& pair() override { return no_pair_; }
   /// From the op observer: an op recorded, with its output and inputs.
   void on_recorded();
   void on_io(const std::shared_ptr<Storage>& output, const void* output_meta, std::initializer_list<const Storage*> inputs);
-  /// The chains, once the step has returned.
-  std::vector<FusedChain> plan() const;
+  /// The pairs and chains, once the step has returned.
+  FusionPlan plan() const;
 
  private:
   struct Operand {
@@ -100,8 +152,9 @@ class FusionScout final : public fusion::Rewriter {
   };
   struct Event {
     pw::ChainStep step;
+    fusion::Special special = fusion::Special::none;  // none: an elementwise op (step)
     int n = 1;
-    Operand in[2];
+    Operand in[3];
     Shape shape;
     DType dtype = DType::f32;
     DeviceKind device = DeviceKind::cpu;
@@ -112,6 +165,9 @@ class FusionScout final : public fusion::Rewriter {
     bool read_elsewhere = false;   // an op that is not a fusable event read it
   };
   int producer_of(const Storage* s) const;
+  void list(const pw::ChainStep& step, fusion::Special special, const fusion::OperandInfo* operands, int n, const Shape& out_shape,
+            DType dtype, DeviceKind device);
+  std::vector<FusedPair> pairs(std::vector<bool>& taken) const;
   std::vector<Event> events_;
   std::map<const Storage*, int> produced_;
   std::int64_t recorded_ = 0;
@@ -119,30 +175,47 @@ class FusionScout final : public fusion::Rewriter {
   pw::ChainProgram none_;
   Shape no_shape_;
   std::vector<std::shared_ptr<const void>> no_inputs_;
+  fusion::PairState no_pair_;
+  bool every_device_;  // TG_FUSE_PAIRS=all: linear -> gelu_tanh on the CPU too
 };
 
-/// Fuses the planned chains of a step (every call after the first of a signature).
+/// Fuses the planned pairs and chains of a step (every call after the first of a signature).
 class FusionApply final : public fusion::Rewriter {
  public:
-  explicit FusionApply(const std::vector<FusedChain>& chains) : chains_(&chains) {}
+  explicit FusionApply(const FusionPlan& plan) : chains_(&plan.chains), pairs_(&plan.pairs) {}
   fusion::Decision on_op(const pw::ChainStep& step, const fusion::OperandInfo* operands, int n, const Shape& out_shape, DType dtype,
                          DeviceKind device) override;
+  fusion::Decision on_special(fusion::Special op, const fusion::OperandInfo* operands, int n, const Shape& out_shape, DType dtype,
+                              DeviceKind device) override;
+  fusion::PairState& pair() override { return pair_; }
   void add_input(std::shared_ptr<const void> tensor) override { inputs_.push_back(std::move(tensor)); }
   const pw::ChainProgram& program() const override { return program_; }
   const Shape& out_shape() const override { return out_shape_; }
   const std::vector<std::shared_ptr<const void>>& inputs() const override { return inputs_; }
   void done() override;
-  /// From the op observer: an op recorded (an error between two links of a chain).
+  /// From the op observer: an op recorded (an error between two links of a chain or the ops of a pair).
   void on_recorded(const char* op);
   /// After the step: every chain ran, none is left open.
   void finish() const;
 
  private:
   [[noreturn]] void diverged(const std::string& what) const;
+  [[noreturn]] void pair_diverged(const std::string& what) const;
+  fusion::Decision produce(const pw::ChainStep* step, fusion::Special op, const fusion::OperandInfo* operands, int n,
+                           const Shape& out_shape, DType dtype, DeviceKind device);
+  fusion::Decision consume(const pw::ChainStep* step, fusion::Special op, const fusion::OperandInfo* operands, int n,
+                           const Shape& out_shape, DType dtype, DeviceKind device);
   const std::vector<FusedChain>* chains_;
+  const std::vector<FusedPair>* pairs_;
   std::size_t next_ = 0;       // the next chain to run
+  std::size_t next_pair_ = 0;  // the next pair to run
   std::int64_t ordinal_ = 0;   // fusable ops seen
-  bool open_ = false, running_ = false;
+  bool open_ = false;
+  bool pair_open_ = false;     // a pair's producer ran, its consumer is next
+  bool pair_running_ = false;  // its consumer runs the fused op (until done())
+  bool own_record_ = false;    // the deferred add's own node is still to be recorded
+  fusion::PairState pair_;
+  std::shared_ptr<Storage> pair_value_;  // the producer's pending value (dropout, linear)
   std::size_t link_ = 0;       // the next link of the open chain
   std::vector<std::shared_ptr<Storage>> pending_;  // the open chain's values (kept: no address is reused meanwhile)
   struct Ref {

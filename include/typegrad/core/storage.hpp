@@ -65,6 +65,13 @@ class Storage {
     return s;
   }
 
+  /// Marks an allocated storage as not yet written: reading it throws tg::Error with `why` until
+  /// clear_pending(). The output of an op whose value a later op writes (Note [pair rewrites]).
+  void set_pending(std::shared_ptr<const std::string> why) noexcept { pending_ = std::move(why); }
+  void clear_pending() noexcept {
+    if (ptr_ || !bytes_) pending_.reset();  // a storage with no memory stays pending
+  }
+
   void* data() const {
     if (pending_) [[unlikely]] throw_pending();
     return ptr_;

@@ -42,6 +42,34 @@ struct AddLayerNorm {
   Tensor<T, D> out;  // layernorm(x + branch)
 };
 
+namespace detail {
+/// add_layernorm writing h into `h` (allocated by the caller: contiguous, x's shape). With record_add false the
+/// "add" node for h is the caller's (tg::compile's pair rewrite: the add recorded it, Note [pair rewrites]).
+template <FloatingElement T, Device D>
+Tensor<T, D> add_layernorm_into(const Tensor<T, D>& x, const Tensor<T, D>& branch, const Tensor<T, D>& weight,
+                                const Tensor<T, D>& bias, double eps, Tensor<T, D>& h, bool record_add) {
+  const std::int64_t n = x.shape()[x.dim() - 1], rows = n ? x.numel() / n : 0;
+  const Tensor<T, D> xc = x.contiguous_raw(), rc = branch.contiguous_raw(), wc = weight.contiguous_raw(),
+                     bc = bias.contiguous_raw();
+  Tensor<T, D> y = Tensor<T, D>::empty(x.shape());
+  Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty({rows}), rstd = Tensor<accum_t<T>, D>::empty({rows});
+  TG_BACKEND(D, add_layernorm_forward<T>(xc.data(), rc.data(), wc.data(), bc.data(), h.data(), y.data(), mean.data(),
+                                         rstd.data(), rows, n, eps));
+  if (record_add)
+    autodiff::record("add", h, detail::BinarySaved{},
+                     [](detail::BinarySaved&, const Tensor<T, D>& g, auto need) {
+                       return std::tuple{need[0] ? g : Tensor<T, D>(), need[1] ? g : Tensor<T, D>()};
+                     }, x, branch);
+  autodiff::record("add_layernorm", y, detail::NormSaved<T, D>{h.detach(), wc.detach(), mean, rstd},
+                   [bwd = detail::norm_backward_fn<T, D>(rows, n, true)](detail::NormSaved<T, D>& s,
+                                                                         const Tensor<T, D>& dout, auto need) {
+                     auto [dxw, db] = bwd(s, dout, need);
+                     return std::tuple{std::get<0>(dxw), std::get<1>(dxw), db};
+                   }, h, weight, bias);
+  return y;
+}
+}  // namespace detail
+
 /// h = x + branch and y = layernorm(h, weight, bias, eps) in one pass (Note [fused residual add and LayerNorm]).
 /// x and branch have the same shape (no broadcasting); weight and bias are [C], C the last dim.
 template <FloatingElement T, Device D>
@@ -51,23 +79,8 @@ AddLayerNorm<T, D> add_layernorm(const Tensor<T, D>& x, const Tensor<T, D>& bran
            " must have the same shape");
   detail::check_norm_param(x, weight, "add_layernorm", "weight");
   detail::check_norm_param(x, bias, "add_layernorm", "bias");
-  const std::int64_t n = x.shape()[x.dim() - 1], rows = n ? x.numel() / n : 0;
-  const Tensor<T, D> xc = x.contiguous_raw(), rc = branch.contiguous_raw(), wc = weight.contiguous_raw(),
-                     bc = bias.contiguous_raw();
-  Tensor<T, D> h = Tensor<T, D>::empty(x.shape()), y = Tensor<T, D>::empty(x.shape());
-  Tensor<accum_t<T>, D> mean = Tensor<accum_t<T>, D>::empty({rows}), rstd = Tensor<accum_t<T>, D>::empty({rows});
-  TG_BACKEND(D, add_layernorm_forward<T>(xc.data(), rc.data(), wc.data(), bc.data(), h.data(), y.data(), mean.data(),
-                                         rstd.data(), rows, n, eps));
-  autodiff::record("add", h, detail::BinarySaved{},
-                   [](detail::BinarySaved&, const Tensor<T, D>& g, auto need) {
-                     return std::tuple{need[0] ? g : Tensor<T, D>(), need[1] ? g : Tensor<T, D>()};
-                   }, x, branch);
-  autodiff::record("add_layernorm", y, detail::NormSaved<T, D>{h.detach(), wc.detach(), mean, rstd},
-                   [bwd = detail::norm_backward_fn<T, D>(rows, n, true)](detail::NormSaved<T, D>& s,
-                                                                         const Tensor<T, D>& dout, auto need) {
-                     auto [dxw, db] = bwd(s, dout, need);
-                     return std::tuple{std::get<0>(dxw), std::get<1>(dxw), db};
-                   }, h, weight, bias);
+  Tensor<T, D> h = Tensor<T, D>::empty(x.shape());
+  Tensor<T, D> y = detail::add_layernorm_into(x, branch, weight, bias, eps, h, true);
   return {h, y};
 }
 

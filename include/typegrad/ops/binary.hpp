@@ -37,10 +37,16 @@ struct MulDivSaved {
 
 template <FloatingElement T, Device D>
 Tensor<T, D> add(const Tensor<T, D>& a, const Tensor<T, D>& b) {
-  if (fusion::rewriter()) [[unlikely]]
-    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::add, 0, 1), broadcast_shapes(a.shape(), b.shape(), "add"), a, &b))
-      return *f;
-  Tensor<T, D> out = detail::binary_raw(math::Binary::add, a, b, "add");
+  Tensor<T, D> out;
+  if (fusion::rewriter()) [[unlikely]] {
+    bool deferred = false;  // the sum a later layernorm writes (Note [pair rewrites]): only the node is recorded here
+    if (auto f = detail::try_fuse(pw::ChainStep(math::Binary::add, 0, 1), broadcast_shapes(a.shape(), b.shape(), "add"), a, &b,
+                                  &deferred)) {
+      if (!deferred) return *f;
+      out = std::move(*f);
+    }
+  }
+  if (!out.defined()) out = detail::binary_raw(math::Binary::add, a, b, "add");
   autodiff::record("add", out, detail::BinarySaved{},
                    [sa = a.shape(), sb = b.shape()](detail::BinarySaved&, const Tensor<T, D>& g, auto need) {
                      return std::tuple{need[0] ? sum_to_shape(g, sa) : Tensor<T, D>(), need[1] ? sum_to_shape(g, sb) : Tensor<T, D>()};

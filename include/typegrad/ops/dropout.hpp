@@ -6,6 +6,7 @@
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/kernels/elementwise.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 
 namespace tg {
 
@@ -29,6 +30,14 @@ template <FloatingElement T, Device D>
 Tensor<T, D> dropout(const Tensor<T, D>& x, double p, Generator& gen, bool training = true) {
   TG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
+  if (fusion::rewriter()) [[unlikely]]  // a dropout whose residual add runs it (Note [pair rewrites])
+    if (auto f = detail::try_defer(fusion::Special::dropout, x.shape(), {&x})) {
+      fusion::PairState& s = fusion::rewriter()->pair();
+      s.seed = gen.seed();
+      s.offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
+      s.p = p;
+      return *f;
+    }
   const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   TG_BACKEND(D, dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p));

@@ -30,15 +30,11 @@ TG_DECLARE_KERNELS(TG_KERNELS_DROPOUT_ADD)
 
 namespace tg {
 
-/// x + dropout(branch, p) in one pass (Note [fused dropout and residual add]); x and branch have the same shape.
+namespace detail {
+/// dropout_add with the mask at Philox position (seed, offset): what dropout_add runs after drawing it, and what
+/// tg::compile's pair rewrite runs for a dropout followed by its residual add (Note [pair rewrites]).
 template <FloatingElement T, Device D>
-Tensor<T, D> dropout_add(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, Generator& gen,
-                         bool training = true) {
-  TG_CHECK(p >= 0.0 && p < 1.0, "dropout_add: p must be in [0, 1), got ", p);
-  TG_CHECK(x.shape() == branch.shape(), "dropout_add: x ", x.shape(), " and branch ", branch.shape(),
-           " must have the same shape");
-  if (!training || p == 0.0) return add(x, branch);
-  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(branch.numel()));
+Tensor<T, D> dropout_add_at(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, std::uint64_t seed, std::uint64_t offset) {
   const Tensor<T, D> xc = x.contiguous_raw(), rc = branch.contiguous_raw();
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   TG_BACKEND(D, dropout_add_forward<T>(xc.data(), rc.data(), out.data(), out.numel(), seed, offset, p));
@@ -53,6 +49,19 @@ Tensor<T, D> dropout_add(const Tensor<T, D>& x, const Tensor<T, D>& branch, doub
                      return std::tuple{need[0] ? dout : Tensor<T, D>(), dr};
                    }, x, branch);
   return out;
+}
+}  // namespace detail
+
+/// x + dropout(branch, p) in one pass (Note [fused dropout and residual add]); x and branch have the same shape.
+template <FloatingElement T, Device D>
+Tensor<T, D> dropout_add(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, Generator& gen,
+                         bool training = true) {
+  TG_CHECK(p >= 0.0 && p < 1.0, "dropout_add: p must be in [0, 1), got ", p);
+  TG_CHECK(x.shape() == branch.shape(), "dropout_add: x ", x.shape(), " and branch ", branch.shape(),
+           " must have the same shape");
+  if (!training || p == 0.0) return add(x, branch);
+  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(branch.numel()));
+  return detail::dropout_add_at(x, branch, p, seed, offset);
 }
 
 }  // namespace tg

@@ -5,6 +5,7 @@
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/kernels/nn.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 
 namespace tg {
 
@@ -43,6 +44,8 @@ template <FloatingElement T, Device D>
 Tensor<T, D> layernorm(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<T, D>& bias, double eps = 1e-5) {
   detail::check_norm_param(x, weight, "layernorm", "weight");
   detail::check_norm_param(x, bias, "layernorm", "bias");
+  if (fusion::rewriter()) [[unlikely]]  // the layernorm of a deferred residual add (Note [pair rewrites])
+    if (auto f = detail::try_consume_layernorm(x, weight, bias, eps)) return *f;
   const std::int64_t n = x.shape()[x.dim() - 1], rows = n ? x.numel() / n : 0;
   const Tensor<T, D> xc = x.contiguous_raw(), wc = weight.contiguous_raw(), bc = bias.contiguous_raw();
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
@@ -75,3 +78,6 @@ Tensor<T, D> rmsnorm(const Tensor<T, D>& x, const Tensor<T, D>& weight, double e
 }
 
 }  // namespace tg
+
+// detail::run_fused_add_layernorm, which layernorm calls (it needs this header whole)
+#include "typegrad/ops/fused_pairs.hpp"

@@ -8,6 +8,7 @@
 #include "typegrad/detail/cpu/kernels.hpp"  // gemm_operand_ok: the GEMM operand geometry
 #include "typegrad/detail/kernels/matmul.hpp"
 #include "typegrad/detail/kernels/reduce.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 #include "typegrad/ops/reduce.hpp"
 
 namespace tg {
@@ -162,6 +163,14 @@ void check_linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, 
                   b->shape());
 }
 
+/// linear's output shape: x's with the last dim W's out_features.
+template <Element T, Device D>
+Shape linear_out_shape(const Tensor<T, D>& x, const Tensor<T, D>& w) {
+  Shape s = x.shape();
+  s[s.size() - 1] = w.shape()[0];
+  return s;
+}
+
 template <Element T, Device D>
 Tensor<T, D> linear_impl(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>* bias, Tensor<T, D>& xr,
                          Tensor<T, D>& wr) {
@@ -221,6 +230,8 @@ std::tuple<Tensor<T, D>, Tensor<T, D>, Tensor<T, D>> linear_backward_bias(const 
 template <FloatingElement T, Device D>
 Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<T, D>& bias) {
   detail::check_linear(x, weight, &bias);
+  if (fusion::rewriter()) [[unlikely]]  // a linear whose gelu_tanh runs it (Note [pair rewrites])
+    if (auto f = detail::try_defer(fusion::Special::linear, detail::linear_out_shape(x, weight), {&x, &weight, &bias})) return *f;
   Tensor<T, D> xr, wr;
   Tensor<T, D> out = detail::linear_impl(x, weight, &bias, xr, wr);
   autodiff::record("linear", out, detail::LinearSaved<T, D>{xr, wr},
@@ -234,6 +245,8 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Ten
 template <FloatingElement T, Device D>
 Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& weight) {
   detail::check_linear<T, D>(x, weight, nullptr);
+  if (fusion::rewriter()) [[unlikely]]
+    if (auto f = detail::try_defer(fusion::Special::linear, detail::linear_out_shape(x, weight), {&x, &weight})) return *f;
   Tensor<T, D> xr, wr;
   Tensor<T, D> out = detail::linear_impl<T, D>(x, weight, nullptr, xr, wr);
   autodiff::record("linear", out, detail::LinearSaved<T, D>{xr, wr},

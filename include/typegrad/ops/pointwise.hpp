@@ -418,14 +418,15 @@ auto pointwise_grads(const std::array<Tensor<T, D>, K>& full, const Need& need, 
   }(std::make_index_sequence<K>{});
 }
 
-/// The launch arguments of a generated kernel: the inputs at their strides over `shape` (0 where broadcast).
+/// The launch arguments of a generated kernel: the first `count` inputs at their strides over `shape` (0 where
+/// broadcast); tg::pointwise passes all K, tg::pointwise_chain its program's number of inputs.
 template <Element T, Device D, std::size_t K>
-backend::cuda::PointwiseArgs pointwise_args(const std::array<Tensor<T, D>, K>& in, const Shape& shape) {
+backend::cuda::PointwiseArgs pointwise_args(const std::array<Tensor<T, D>, K>& in, const Shape& shape, std::size_t count = K) {
   backend::cuda::PointwiseArgs a;
   a.n = shape.numel();
   a.nd = shape.size();
   for (int d = 0; d < shape.size(); ++d) a.size[d] = shape[d];
-  for (std::size_t k = 0; k < K; ++k) {
+  for (std::size_t k = 0; k < count; ++k) {
     a.in[k] = in[k].data();
     const Shape st = in[k].expand(shape).strides();
     for (int d = 0; d < shape.size(); ++d) a.st[k][d] = st[d];

@@ -118,15 +118,7 @@ Tensor<T, D> chain_cuda(const pw::ChainProgram& p, const std::array<Tensor<T, D>
   const std::string src = backend::cuda::pointwise_source(dtype_traits<T>::dtype, p.inputs, expr);
   // by value: the backward keeps it past this call (and past the program, which the rewrite reuses)
   auto args = [lits, shape, inputs = p.inputs](const std::array<Tensor<T, D>, pw::ChainProgram::kMaxInputs>& x) {
-    backend::cuda::PointwiseArgs a;
-    a.n = shape.numel();
-    a.nd = shape.size();
-    for (int d = 0; d < shape.size(); ++d) a.size[d] = shape[d];
-    for (int k = 0; k < inputs; ++k) {
-      a.in[k] = x[static_cast<std::size_t>(k)].data();
-      const Shape st = x[static_cast<std::size_t>(k)].expand(shape).strides();
-      for (int d = 0; d < shape.size(); ++d) a.st[k][d] = st[d];
-    }
+    backend::cuda::PointwiseArgs a = pointwise_args(x, shape, static_cast<std::size_t>(inputs));
     std::copy(lits.begin(), lits.end(), a.lit);
     return a;
   };
@@ -232,3 +224,6 @@ Tensor<T, D> run_fused_chain(fusion::Rewriter& r) {
 }  // namespace detail
 
 }  // namespace tg
+
+// detail::run_fused_pair, which the ops above call (a pair rewrite's consumer; Note [pair rewrites])
+#include "typegrad/ops/fused_pairs.hpp"

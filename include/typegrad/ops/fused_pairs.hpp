@@ -1,0 +1,78 @@
+// What tg::compile's pair rewrite (Note [pair rewrites], compile/fusion.hpp) runs when a pair's consumer comes:
+// add_layernorm for an add read by a layernorm, dropout_add for a dropout read by a residual add,
+// linear_gelu_tanh for a linear read by gelu_tanh. The consumer ops call these through ops/fusion_hook.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "typegrad/ops/add_layernorm.hpp"
+#include "typegrad/ops/dropout_add.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
+#include "typegrad/ops/linear_gelu.hpp"
+
+// Declared here too: this header may be reached from inside one of the three above (through binary.hpp or
+// unary.hpp, which include it last), before that header's definitions.
+namespace tg {
+template <FloatingElement T, Device D>
+Tensor<T, D> linear_gelu_tanh(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<T, D>& bias);
+template <FloatingElement T, Device D>
+Tensor<T, D> linear_gelu_tanh(const Tensor<T, D>& x, const Tensor<T, D>& weight);
+namespace detail {
+template <FloatingElement T, Device D>
+Tensor<T, D> add_layernorm_into(const Tensor<T, D>& x, const Tensor<T, D>& branch, const Tensor<T, D>& weight,
+                                const Tensor<T, D>& bias, double eps, Tensor<T, D>& h, bool record_add);
+template <FloatingElement T, Device D>
+Tensor<T, D> dropout_add_at(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, std::uint64_t seed, std::uint64_t offset);
+}  // namespace detail
+}  // namespace tg
+
+namespace tg::detail {
+
+template <FloatingElement T, Device D>
+const Tensor<T, D>& pair_input(const fusion::PairState& s, std::size_t i) {
+  TG_CHECK(i < s.inputs.size(), "tg::compile: fusion: the pair ", fusion::pair_kind_name(s.kind), " kept ", s.inputs.size(),
+           " operands of its producer, not ", i + 1);
+  return *static_cast<const Tensor<T, D>*>(s.inputs[i].get());
+}
+
+template <FloatingElement T, Device D>
+Tensor<T, D> run_fused_pair(fusion::Rewriter& r, const Tensor<T, D>* other) {
+  fusion::PairState& s = r.pair();
+  Tensor<T, D> out;
+  {
+    fusion::Suspend plain;  // the fused op's own ops run as written
+    switch (s.kind) {
+      case fusion::PairKind::dropout_add:
+        TG_CHECK(other, "tg::compile: fusion: dropout_add needs the residual operand");
+        out = dropout_add_at(*other, pair_input<T, D>(s, 0), s.p, s.seed, s.offset);
+        break;
+      case fusion::PairKind::linear_gelu_tanh:
+        out = s.inputs.size() == 3 ? linear_gelu_tanh(pair_input<T, D>(s, 0), pair_input<T, D>(s, 1), pair_input<T, D>(s, 2))
+                                   : linear_gelu_tanh(pair_input<T, D>(s, 0), pair_input<T, D>(s, 1));
+        break;
+      case fusion::PairKind::add_layernorm:
+        throw Error("tg::compile: fusion: add_layernorm is run by its layernorm");
+    }
+  }
+  r.done();
+  return out;
+}
+
+template <FloatingElement T, Device D>
+Tensor<T, D> run_fused_add_layernorm(fusion::Rewriter& r, const Tensor<T, D>& h, const Tensor<T, D>& weight,
+                                     const Tensor<T, D>& bias, double eps) {
+  fusion::PairState& s = r.pair();
+  TG_CHECK(s.kind == fusion::PairKind::add_layernorm && s.filled && s.filled.get() == h.storage().get(),
+           "tg::compile: fusion: a layernorm consumed a pair that is not its add's");
+  s.filled->clear_pending();  // written now, by the kernel below
+  Tensor<T, D> y;
+  {
+    fusion::Suspend plain;
+    Tensor<T, D> sum = h;  // the add recorded its node; the handle only gives the kernel h's memory
+    y = add_layernorm_into(pair_input<T, D>(s, 0), pair_input<T, D>(s, 1), weight, bias, eps, sum, false);
+  }
+  r.done();
+  return y;
+}
+
+}  // namespace tg::detail
