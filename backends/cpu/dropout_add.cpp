@@ -2,6 +2,7 @@
 // operands cut into pieces shared by the OpenMP threads (row_pieces.hpp), dropout_forward's keep rule and
 // scale, the dropped-out value rounded to T and then added in the elementwise ops' register type. The file is
 // compiled with -ffp-contract=off (CMakeLists.txt): the product is rounded before the add, as the unfused pair.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -9,6 +10,7 @@
 #include "typegrad/ops/dropout_add.hpp"
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/philox_block.hpp"
 #include "typegrad/detail/cpu/row_pieces.hpp"
 #include "typegrad/detail/math.hpp"
 
@@ -21,11 +23,15 @@ void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::ui
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
   for_row_pieces(1, n, 1 << 15, [&](std::int64_t, std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
-      const bool keep = math::dropout_keep(detail::uniform_from_bits(w[0]), pf);
-      const T d = scalar_cast<T>(keep ? scalar_cast<A>(r[i]) * scale : A(0));
-      out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+    bool keep[kDropoutBlock];  // Note [dropout masks in vectors]
+    for (std::int64_t b = i0; b < i1; b += kDropoutBlock) {
+      const int m = static_cast<int>(std::min<std::int64_t>(kDropoutBlock, i1 - b));
+      dropout_keep_block(seed, offset + static_cast<std::uint64_t>(b), m, pf, keep);
+      for (int j = 0; j < m; ++j) {
+        const std::int64_t i = b + j;
+        const T d = scalar_cast<T>(keep[j] ? scalar_cast<A>(r[i]) * scale : A(0));
+        out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+      }
     }
   });
 }

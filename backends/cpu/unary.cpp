@@ -9,6 +9,7 @@
 #include "typegrad/core/random.hpp"
 #include "typegrad/detail/chain_program.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/cpu/philox_block.hpp"
 #include "typegrad/detail/cpu/row_pieces.hpp"
 #include "typegrad/detail/cpu/vec_exp.hpp"
 
@@ -188,10 +189,11 @@ void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std:
   for_each_row(shape, sx, sx, [&](std::int64_t first, std::int64_t ox, std::int64_t, std::int64_t len) {
     const T* px = x + ox;
     T* py = y + first;
-    for (std::int64_t i = 0; i < len; ++i) {
-      const auto w = detail::philox_words(seed, offset + static_cast<std::uint64_t>(first + i));
-      const bool keep = math::dropout_keep(detail::uniform_from_bits(w[0]), pf);
-      py[i] = scalar_cast<T>(keep ? scalar_cast<A>(px[i * ix]) * scale : A(0));
+    bool keep[kDropoutBlock];  // Note [dropout masks in vectors]
+    for (std::int64_t b = 0; b < len; b += kDropoutBlock) {
+      const int n = static_cast<int>(std::min<std::int64_t>(kDropoutBlock, len - b));
+      dropout_keep_block(seed, offset + static_cast<std::uint64_t>(first + b), n, pf, keep);
+      for (int i = 0; i < n; ++i) py[b + i] = scalar_cast<T>(keep[i] ? scalar_cast<A>(px[(b + i) * ix]) * scale : A(0));
     }
   });
 }

@@ -473,6 +473,7 @@ void FusionApply::on_recorded(const char* op) {
 
 void FusionApply::finish() const {
   if (pair_open_) pair_diverged("the step ended after the pair's first op");
+  if (pair_running_) pair_diverged("the pair's fused op did not finish");
   if (next_pair_ != pairs_->size())
     throw Error("tg::compile: fusion: the step ran ", next_pair_, " of the ", pairs_->size(), " fused pairs it was captured with (the next one: ",
                 (*pairs_)[next_pair_].describe(), "): its ops depend on its data, so it cannot be replayed; run it without compile");

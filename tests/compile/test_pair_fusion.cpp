@@ -5,8 +5,10 @@
 // a pair whose consumer changes, and the recapture without fusion after it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@ struct Block {
   int calls = 0;
   bool relu_at_4 = false;     // the 4th call's activation after the first MLP linear is relu (another consumer)
   bool read_dropped = false;  // reads the first dropout's value on the host (an error when fused)
+  bool sum_between_at_4 = false;  // the 4th call records an op between the residual add and its layernorm
 
   Block() {
     auto w = [&](tg::Shape s, float sd) { return Tensor<float>::normal(s, 0.f, sd, init); };
@@ -66,6 +69,7 @@ struct Block {
     const Tensor<T> h = tg::add(e, d);                                // dropout -> add (the right operand)
     const Tensor<T> v = tg::linear(h, w[6]);
     const Tensor<T> h2 = tg::add(h, v);                               // add -> layernorm; h2 read on below
+    if (sum_between_at_4 && calls == 4) (void)tg::sum(v);
     const Tensor<T> z = tg::layernorm(h2, w[7], w[8]);
     const Tensor<T> o = tg::linear(z, w[9], w[10]);
     const Tensor<T> h3 = tg::add(tg::dropout(o, p, drop), h2);      // dropout -> add (the left operand)
@@ -77,10 +81,32 @@ struct Block {
   }
 };
 
-/// TG_FUSE_PAIRS=all for the scope: linear -> gelu_tanh is rewritten on the CPU too (Note [pair rewrites]).
-struct EveryDevice {
-  EveryDevice() { ::setenv("TG_FUSE_PAIRS", "all", 1); }
-  ~EveryDevice() { ::unsetenv("TG_FUSE_PAIRS"); }
+/// TG_FUSE_PAIRS set to `value` (null: unset) for the scope, the previous value restored after it.
+class FusePairsEnv {
+ public:
+  explicit FusePairsEnv(const char* value) {
+    if (const char* v = std::getenv("TG_FUSE_PAIRS")) previous_ = v, had_ = true;
+    if (value) ::setenv("TG_FUSE_PAIRS", value, 1);
+    else ::unsetenv("TG_FUSE_PAIRS");
+  }
+  ~FusePairsEnv() {
+    if (had_) ::setenv("TG_FUSE_PAIRS", previous_.c_str(), 1);
+    else ::unsetenv("TG_FUSE_PAIRS");
+  }
+  FusePairsEnv(const FusePairsEnv&) = delete;
+  FusePairsEnv& operator=(const FusePairsEnv&) = delete;
+
+ private:
+  std::string previous_;
+  bool had_ = false;
+};
+/// TG_FUSE_PAIRS=all: linear -> gelu_tanh is rewritten on the CPU too (Note [pair rewrites]).
+struct EveryDevice : FusePairsEnv {
+  EveryDevice() : FusePairsEnv("all") {}
+};
+/// The default: linear -> gelu_tanh kept as written on the CPU.
+struct DefaultPairs : FusePairsEnv {
+  DefaultPairs() : FusePairsEnv(nullptr) {}
 };
 
 struct Trained {
@@ -88,6 +114,7 @@ struct Trained {
   std::vector<std::vector<float>> weights;
   std::vector<std::int64_t> allocations;
   std::vector<std::string> pairs;
+  std::vector<std::string> ops;  // the ops the last capture recorded
   std::size_t chains = 0;
   tg::capture::MemoryPlan plan;
 };
@@ -111,6 +138,7 @@ Trained train(bool compiled, bool fuse, int steps = 20, bool warm = false) {
   for (const auto& q : m.ps) r.weights.push_back(q.tensor.to_vector());
   for (const auto& pr : c.fused_pairs()) r.pairs.push_back(pr.describe());
   r.chains = c.fused_chains().size();
+  for (const auto& o : c.ops()) r.ops.push_back(o.op);
   r.plan = c.memory_plan();
   return r;
 }
@@ -125,8 +153,13 @@ void expect_bitwise(const Trained& got, const Trained& ref, const char* what) {
     EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << what << ": tensor " << t;
 }
 
+std::size_t count(const std::vector<std::string>& ops, const std::string& op) {
+  return static_cast<std::size_t>(std::count(ops.begin(), ops.end(), op));
+}
+
 template <class T>
 void fuses_the_pairs_bit_for_bit(const std::string& dtype) {
+  std::optional<DefaultPairs> env(std::in_place);
   const Trained eager = train<T>(false, true), fused = train<T>(true, true);
   // on the CPU linear -> gelu_tanh stays as written (its fused op runs the same kernels, and keeps more memory)
   std::vector<std::string> want = {"dropout -> add [4,32,64] " + dtype + " as dropout_add",
@@ -134,6 +167,12 @@ void fuses_the_pairs_bit_for_bit(const std::string& dtype) {
                                    "dropout -> add [4,32,64] " + dtype + " as dropout_add"};
   EXPECT_EQ(fused.pairs, want);
   EXPECT_EQ(fused.chains, 0u);
+  // the fused capture ran the fused ops in place of the pairs (the plain one ran the pairs)
+  EXPECT_EQ(count(fused.ops, "dropout_add"), 2u);
+  EXPECT_EQ(count(fused.ops, "add_layernorm"), 1u);
+  EXPECT_EQ(count(fused.ops, "dropout"), 0u);
+  EXPECT_EQ(count(fused.ops, "layernorm"), 0u);
+  EXPECT_EQ(count(fused.ops, "gelu_tanh"), 1u);
   for (std::size_t i = 1; i < eager.losses.size(); ++i) EXPECT_NE(eager.losses[i], eager.losses[0]);  // it trains
   expect_bitwise(fused, eager, dtype.c_str());
   // from the third call (the second captured the fused step) no allocator call
@@ -142,12 +181,17 @@ void fuses_the_pairs_bit_for_bit(const std::string& dtype) {
   // with the optimizer's state in place)
   const Trained plain = train<T>(true, false, 4, true), warm = train<T>(true, true, 4, true);
   EXPECT_TRUE(plain.pairs.empty());
+  EXPECT_EQ(count(plain.ops, "dropout"), 2u);
+  EXPECT_EQ(count(plain.ops, "layernorm"), 1u);
   EXPECT_EQ(warm.pairs, want);
   EXPECT_LE(warm.plan.peak_bytes(), plain.plan.peak_bytes()) << warm.plan.describe() << plain.plan.describe();
   EXPECT_LE(warm.plan.arena_bytes, plain.plan.arena_bytes) << warm.plan.describe() << plain.plan.describe();
   // the GPU's pair too, which on the CPU runs the same kernels: still the eager step bit for bit
+  env.reset();
   EveryDevice all;
   const Trained every = train<T>(true, true);
+  EXPECT_EQ(count(every.ops, "linear_gelu_tanh"), 1u);
+  EXPECT_EQ(count(every.ops, "gelu_tanh"), 0u);
   want.insert(want.begin(), "linear -> gelu_tanh [4,32,256] " + dtype + " as linear_gelu_tanh");
   EXPECT_EQ(every.pairs, want);
   expect_bitwise(every, eager, (dtype + " with linear_gelu_tanh").c_str());
@@ -158,7 +202,7 @@ TEST(CompilePairs, Fp32PairsRunAsTheirFusedOpsBitForBit) { fuses_the_pairs_bit_f
 TEST(CompilePairs, Bf16PairsRunAsTheirFusedOpsBitForBit) { fuses_the_pairs_bit_for_bit<tg::bf16>("bf16"); }
 
 TEST(CompilePairs, TgFusePairsTakesAllOrNothing) {
-  ::setenv("TG_FUSE_PAIRS", "some", 1);
+  std::optional<FusePairsEnv> env(std::in_place, "some");
   Block<float> m;
   auto c = tg::compile([&](const Tensor<float>& x, const Tensor<std::int64_t>& y) { return m.step(x, y); },
                        tg::CompileOptions{.verbose = false});
@@ -168,11 +212,13 @@ TEST(CompilePairs, TgFusePairsTakesAllOrNothing) {
   } catch (const tg::Error& e) {
     EXPECT_NE(std::string(e.what()).find("TG_FUSE_PAIRS must be 'all' (or unset), got 'some'"), std::string::npos) << e.what();
   }
-  ::unsetenv("TG_FUSE_PAIRS");
+  env.reset();
+  const DefaultPairs unset;
   EXPECT_TRUE(std::isfinite(c(m.input(1), m.targets(1))));
 }
 
 TEST(CompilePairs, ReadingADroppedOutValueIsAnError) {
+  const DefaultPairs env;
   Block<float> m;
   m.read_dropped = true;
   auto c = tg::compile([&](const Tensor<float>& x, const Tensor<std::int64_t>& y) { return m.step(x, y); },
@@ -214,6 +260,27 @@ TEST(CompilePairs, AConsumerThatChangesIsAnErrorThenTheStepRunsUnfused) {
   ref.calls = m.calls;
   for (int k = 4; k < 7; ++k) EXPECT_EQ(c(m.input(k), m.targets(k)), ref.step(ref.input(k), ref.targets(k))) << "call " << k;
   EXPECT_TRUE(c.fused_pairs().empty());
+  EXPECT_TRUE(c.last_replay().ok) << c.last_replay().divergence;
+}
+
+TEST(CompilePairs, AnOpRecordedBetweenThePairIsAnError) {
+  const DefaultPairs env;
+  Block<float> m;
+  m.sum_between_at_4 = true;
+  auto c = tg::compile([&](const Tensor<float>& x, const Tensor<std::int64_t>& y) { return m.step(x, y); },
+                       tg::CompileOptions{.verbose = false});
+  for (int k = 0; k < 3; ++k) c(m.input(k), m.targets(k));
+  ASSERT_EQ(c.fused_pairs().size(), 3u);
+  try {
+    c(m.input(3), m.targets(3));
+    ADD_FAILURE() << "no error";
+  } catch (const tg::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("op 'sum' was recorded between the pair's ops (fused pair 1: add -> layernorm [4,32,64] fp32 as add_layernorm)"),
+              std::string::npos) << msg;
+  }
+  for (int k = 4; k < 7; ++k) EXPECT_TRUE(std::isfinite(c(m.input(k), m.targets(k))));
+  EXPECT_TRUE(c.fused_pairs().empty());  // captured again without fusion
   EXPECT_TRUE(c.last_replay().ok) << c.last_replay().divergence;
 }
 

@@ -572,6 +572,35 @@ TEST(OpDb_dropout_behaviour, ConsumesCountersAndReplaysFromSeedOffset) {
   EXPECT_EQ(gen.offset(), 64u);
 }
 
+// Note [dropout masks in vectors]: the CPU kernels' vectorized keep rule is the definition (element i kept iff
+// uniform_from_bits(philox_words(seed, offset + i)[0]) >= p) for every length (whole vectors, pairs of them, the
+// scalar tail, several blocks), strided rows, and offsets whose counters carry into the high word.
+TEST(OpDb_dropout_behaviour, MaskIsTheDefinitionOverBlocksAndTheCarry) {
+  const double p = 0.37;
+  for (const std::uint64_t start : {std::uint64_t{0}, std::uint64_t{0xFFFFFFFFull} - 40, std::uint64_t{0x1FFFFFFF0ull}}) {
+    for (const std::int64_t n : {1, 15, 16, 31, 32, 33, 255, 256, 257, 700}) {
+      Generator gen(0x5eed5eed12345ull);
+      gen.advance(start);
+      const Tensor<float> x = Tensor<float>::arange(2 * n).view({n, 2}).transpose(0, 1);  // (2, n) strided
+      const Tensor<float> y = tg::dropout(x, p, gen), r = Tensor<float>::ones({2, n});
+      Generator gen2(0x5eed5eed12345ull);
+      gen2.advance(start + static_cast<std::uint64_t>(2 * n));
+      const Tensor<float> z = tg::dropout_add(r, r, p, gen2);
+      const auto xv = x.contiguous().to_vector(), yv = y.to_vector(), zv = z.to_vector();
+      const float scale = static_cast<float>(1.0 / (1.0 - p));
+      for (std::int64_t i = 0; i < 2 * n; ++i) {
+        const auto at = static_cast<std::size_t>(i);
+        const auto keep = [&](std::uint64_t counter) {
+          return tg::math::dropout_keep(tg::detail::uniform_from_bits(tg::detail::philox_words(gen.seed(), counter)[0]), static_cast<float>(p));
+        };
+        const bool k = keep(start + static_cast<std::uint64_t>(i)), k2 = keep(start + static_cast<std::uint64_t>(2 * n + i));
+        ASSERT_EQ(yv[at], k ? xv[at] * scale : 0.f) << "dropout: start " << start << ", n " << n << ", element " << i;
+        ASSERT_EQ(zv[at], 1.f + (k2 ? scale : 0.f)) << "dropout_add: start " << start << ", n " << n << ", element " << i;
+      }
+    }
+  }
+}
+
 TEST(OpDb_dropout_behaviour, KeptFractionAndBackwardMaskMatchForward) {
   Tensor<float> x = Tensor<float>::ones({256, 256});
   x.requires_grad_();

@@ -68,6 +68,7 @@ class Storage {
   /// Marks an allocated storage as not yet written: reading it throws tg::Error with `why` until
   /// clear_pending(). The output of an op whose value a later op writes (Note [pair rewrites]).
   void set_pending(std::shared_ptr<const std::string> why) noexcept { pending_ = std::move(why); }
+  const std::shared_ptr<const std::string>& pending_message() const noexcept { return pending_; }
   void clear_pending() noexcept {
     if (ptr_ || !bytes_) pending_.reset();  // a storage with no memory stays pending
   }

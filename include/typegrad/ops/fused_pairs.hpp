@@ -35,9 +35,22 @@ const Tensor<T, D>& pair_input(const fusion::PairState& s, std::size_t i) {
   return *static_cast<const Tensor<T, D>*>(s.inputs[i].get());
 }
 
+/// Calls the rewriter's done() when the fused op returns or throws (the pair's state goes either way).
+class PairDone {
+ public:
+  explicit PairDone(fusion::Rewriter& r) : r_(r) {}
+  ~PairDone() { r_.done(); }
+  PairDone(const PairDone&) = delete;
+  PairDone& operator=(const PairDone&) = delete;
+
+ private:
+  fusion::Rewriter& r_;
+};
+
 template <FloatingElement T, Device D>
 Tensor<T, D> run_fused_pair(fusion::Rewriter& r, const Tensor<T, D>* other) {
   fusion::PairState& s = r.pair();
+  const PairDone done(r);
   Tensor<T, D> out;
   {
     fusion::Suspend plain;  // the fused op's own ops run as written
@@ -54,7 +67,6 @@ Tensor<T, D> run_fused_pair(fusion::Rewriter& r, const Tensor<T, D>* other) {
         throw Error("tg::compile: fusion: add_layernorm is run by its layernorm");
     }
   }
-  r.done();
   return out;
 }
 
@@ -64,14 +76,19 @@ Tensor<T, D> run_fused_add_layernorm(fusion::Rewriter& r, const Tensor<T, D>& h,
   fusion::PairState& s = r.pair();
   TG_CHECK(s.kind == fusion::PairKind::add_layernorm && s.filled && s.filled.get() == h.storage().get(),
            "tg::compile: fusion: a layernorm consumed a pair that is not its add's");
-  s.filled->clear_pending();  // written now, by the kernel below
+  const PairDone done(r);
+  const std::shared_ptr<Storage> filled = s.filled;
+  const std::shared_ptr<const std::string> why = filled->pending_message();
+  filled->clear_pending();  // written now, by the kernel below
   Tensor<T, D> y;
-  {
+  try {
     fusion::Suspend plain;
     Tensor<T, D> sum = h;  // the add recorded its node; the handle only gives the kernel h's memory
     y = add_layernorm_into(pair_input<T, D>(s, 0), pair_input<T, D>(s, 1), weight, bias, eps, sum, false);
+  } catch (...) {
+    filled->set_pending(why);  // not written: reading it stays an error
+    throw;
   }
-  r.done();
   return y;
 }
 
