@@ -4,8 +4,11 @@
 //                 squared-error loss (Note [fusion rewrites]: chains of elementwise ops);
 //   --step block  pre-LN blocks written with separate ops: linear, gelu_tanh, linear, dropout and the residual add,
 //                 a second branch (linear), the residual add and the next LayerNorm (Note [pair rewrites]: dropout_add
-//                 and add_layernorm; the loss's sub and mul are a chain).
-//   bench_fusion --mode eager|fused|plain --step mlp|block --precision fp32|bf16 --batch 8 --seq 128 --width 256 --layers 2
+//                 and add_layernorm; the loss's sub and mul are a chain);
+//   --step attention  pre-LN causal self-attention blocks written with tg::attention_composite (matmul, mul by
+//                 1/√hs, masked_fill, softmax, matmul), the residual add and the next LayerNorm (Note [pair rewrites]:
+//                 scale_masked_softmax and add_layernorm).
+//   bench_fusion --mode eager|fused|plain --step mlp|block|attention --precision fp32|bf16 --batch 8 --seq 128 --width 256 --layers 2
 // The last line is JSON (median_ms, peak_bytes, chains, pairs) for benchmarks/fusion.sh.
 #include <algorithm>
 #include <chrono>
@@ -25,7 +28,7 @@ using tg::Tensor;
 struct Args {
   std::string mode = "eager", precision = "fp32", step = "mlp";
   double dropout = 0.1;
-  std::int64_t B = 8, S = 128, C = 256, layers = 2, steps = 20, warmup = 3;
+  std::int64_t B = 8, S = 128, C = 256, layers = 2, steps = 20, warmup = 3, heads = 4;
   int threads = 2;
 };
 
@@ -35,10 +38,17 @@ int bench(const Args& a) {
   const std::int64_t H = 4 * a.C;
   tg::Generator gen(5), drop(6);
   std::vector<tg::optim::Param> ps;
-  const bool block = a.step == "block";
+  const bool block = a.step == "block", attention = a.step == "attention";
+  TG_CHECK(!attention || a.C % a.heads == 0, "bench_fusion: --width ", a.C, " must be a multiple of --heads ", a.heads);
   for (std::int64_t l = 0; l < a.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
-    if (block) {  // linear weights are [out, in]
+    if (attention) {
+      ps.emplace_back(p + "wqkv", Tensor<float>::normal({3 * a.C, a.C}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "bqkv", Tensor<float>::zeros({3 * a.C}));
+      ps.emplace_back(p + "wo", Tensor<float>::normal({a.C, a.C}, 0.f, 0.02f, gen));
+      ps.emplace_back(p + "ln.weight", Tensor<float>::ones({a.C}));
+      ps.emplace_back(p + "ln.bias", Tensor<float>::zeros({a.C}));
+    } else if (block) {  // linear weights are [out, in]
       ps.emplace_back(p + "w1", Tensor<float>::normal({H, a.C}, 0.f, 0.02f, gen));
       ps.emplace_back(p + "b1", Tensor<float>::zeros({H}));
       ps.emplace_back(p + "w2", Tensor<float>::normal({a.C, H}, 0.f, 0.02f, gen));
@@ -73,6 +83,28 @@ int bench(const Args& a) {
     opt.zero_grad();
     return static_cast<double>(loss.item());
   };
+  auto attention_step = [&] {
+    std::vector<Tensor<T>> w;
+    for (const auto& p : ps) w.push_back(p.tensor.template to<T>());
+    const std::int64_t hs = a.C / a.heads;
+    Tensor<T> h = x.to<T>(), z = h;
+    for (std::int64_t l = 0; l < a.layers; ++l) {
+      const auto i = static_cast<std::size_t>(5 * l);
+      const Tensor<T> qkv = tg::linear(z, w[i], w[i + 1]);
+      auto heads = [&](std::int64_t part) {
+        return qkv.narrow(2, part * a.C, a.C).reshape({a.B, a.S, a.heads, hs}).transpose(1, 2).contiguous();
+      };
+      const Tensor<T> att = tg::attention_composite(heads(0), heads(1), heads(2));  // mul -> masked_fill -> softmax
+      h = tg::add(h, tg::linear(att.transpose(1, 2).reshape({a.B, a.S, a.C}), w[i + 2]));  // add -> layernorm
+      z = tg::layernorm(h, w[i + 3], w[i + 4]);
+    }
+    const Tensor<float> d = z.template to<float>() - y;
+    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return static_cast<double>(loss.item());
+  };
   auto mlp_step = [&] {
     Tensor<T> h = x.to<T>();
     for (std::int64_t l = 0; l < a.layers; ++l) {
@@ -88,7 +120,7 @@ int bench(const Args& a) {
     opt.zero_grad();
     return static_cast<double>(loss.item());
   };
-  auto step = [&] { return block ? block_step() : mlp_step(); };
+  auto step = [&] { return attention ? attention_step() : block ? block_step() : mlp_step(); };
   auto compiled = tg::compile(step, tg::CompileOptions{.verbose = false, .fuse = a.mode == "fused"});
   std::vector<double> ms;
   double loss = 0;
@@ -120,8 +152,11 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"bench_fusion: a step of separate elementwise ops, eager or compiled with and without fusion"};
   app.add_option("--mode", a.mode, "eager, fused (tg::compile), plain (tg::compile without fusion)")->check(CLI::IsMember({"eager", "fused", "plain"}));
-  app.add_option("--step", a.step, "mlp (a spelled-out GELU: chains) or block (pre-LN blocks of separate ops: pairs)")
-      ->check(CLI::IsMember({"mlp", "block"}));
+  app.add_option("--step", a.step,
+                 "mlp (a spelled-out GELU: chains), block (pre-LN blocks of separate ops: pairs) or attention (attention_composite "
+                 "blocks: scale_masked_softmax)")
+      ->check(CLI::IsMember({"mlp", "block", "attention"}));
+  app.add_option("--heads", a.heads, "the attention step's heads")->check(CLI::PositiveNumber);
   app.add_option("--dropout", a.dropout, "the block step's dropout probability")->check(CLI::Range(0.0, 0.99));
   app.add_option("--precision", a.precision)->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--batch", a.B)->check(CLI::PositiveNumber);

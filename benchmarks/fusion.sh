@@ -4,6 +4,7 @@
 # threads. One table row per precision: the median of each run's median step time, the ratios, and the peaks.
 #   bash benchmarks/fusion.sh build/release/benchmarks/bench_fusion [rounds] [extra bench_fusion options]
 #   bash benchmarks/fusion.sh build/release/benchmarks/bench_fusion 5 --step block   # the pair rewrites
+#   bash benchmarks/fusion.sh build/release/benchmarks/bench_fusion 5 --step attention   # attention_composite's middle
 set -euo pipefail
 B=$(realpath "$1")
 ROUNDS=${2:-3}

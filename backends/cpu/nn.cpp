@@ -34,61 +34,140 @@ A row_max(const T* x, std::int64_t n) {
 }  // namespace
 
 // ---- softmax -----------------------------------------------------------------------------------------
+namespace {
+/// One row of softmax_forward; scale_masked_softmax_forward runs it too (the same bits).
+template <class A, class T>
+void softmax_row(const T* xr, T* yr, std::int64_t n, bool log) {
+  const A m = row_max<A>(xr, n);
+  if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+    const A s = vec::sum_exp(xr, n, m);      // a row of -inf gives NaN (x − m is NaN), as std::exp does
+    if (log) {
+      const A ls = m + std::log(s);
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
+    } else {
+      vec::exp_scaled(xr, n, m, A(1) / s, yr);  // exp recomputed: cheaper than a second pass over y
+    }
+  } else {  // fp64
+    A s = 0;
+    if (log) {
+      for (std::int64_t j = 0; j < n; ++j) s += std::exp(xr[j] - m);
+      const A ls = m + std::log(s);
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - ls;
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const A e = std::exp(xr[j] - m);
+        yr[j] = e;
+        s += e;
+      }
+      const A inv = A(1) / s;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
+    }
+  }
+}
+
+/// One row of softmax_backward; scale_masked_softmax_backward runs it too.
+template <class A, class T>
+void softmax_backward_row(const T* yr, const T* gr, T* dr, std::int64_t n, bool log) {
+  A s = 0;
+  if (log) {
+    for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]);
+    if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
+      for (std::int64_t j = 0; j < n; ++j)
+        dr[j] = scalar_cast<T>(scalar_cast<A>(gr[j]) - vec::exp_f32(scalar_cast<A>(yr[j])) * s);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) dr[j] = gr[j] - std::exp(yr[j]) * s;
+    }
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
+    for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - s));
+  }
+}
+
+/// The offset of row r's mask in a mask of strides sm over `shape` (rows: every dim but the last).
+inline std::int64_t mask_row_offset(std::int64_t r, const Shape& shape, const Shape& sm) {
+  std::int64_t off = 0;
+  for (int d = shape.size() - 2; d >= 0; --d) {
+    off += r % shape[d] * sm[d];
+    r /= shape[d];
+  }
+  return off;
+}
+}  // namespace
+
 template <class T>
 void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
   using A = amp::kernel_math_t<amp::op::softmax, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * n;
-    T* yr = y + r * n;
-    const A m = row_max<A>(xr, n);
-    if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
-      const A s = vec::sum_exp(xr, n, m);      // a row of -inf gives NaN (x − m is NaN), as std::exp does
-      if (log) {
-        const A ls = m + std::log(s);
-        for (std::int64_t j = 0; j < n; ++j) yr[j] = scalar_cast<T>(scalar_cast<A>(xr[j]) - ls);
-      } else {
-        vec::exp_scaled(xr, n, m, A(1) / s, yr);  // exp recomputed: cheaper than a second pass over y
-      }
-    } else {  // fp64
-      A s = 0;
-      if (log) {
-        for (std::int64_t j = 0; j < n; ++j) s += std::exp(xr[j] - m);
-        const A ls = m + std::log(s);
-        for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - ls;
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) {
-          const A e = std::exp(xr[j] - m);
-          yr[j] = e;
-          s += e;
-        }
-        const A inv = A(1) / s;
-        for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
-      }
-    }
-  }
+  for (std::int64_t r = 0; r < rows; ++r) softmax_row<A>(x + r * n, y + r * n, n, log);
 }
 
 template <class T>
 void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
   using A = amp::kernel_math_t<amp::op::softmax, T>;  // Note [autocast rules]
 #pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* yr = y + r * n;
-    const T* gr = dy + r * n;
-    T* dr = dx + r * n;
-    A s = 0;
-    if (log) {
-      for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]);
-      if constexpr (std::is_same_v<A, float>) {  // Note [vectorizable exp]
-        for (std::int64_t j = 0; j < n; ++j)
-          dr[j] = scalar_cast<T>(scalar_cast<A>(gr[j]) - vec::exp_f32(scalar_cast<A>(yr[j])) * s);
+  for (std::int64_t r = 0; r < rows; ++r) softmax_backward_row<A>(y + r * n, dy + r * n, dx + r * n, n, log);
+}
+
+// ---- scale, mask and softmax in one pass (Note [fused scale, mask and softmax]) --------------------------
+// Each row's scaled and masked values are written to a row buffer in T, as mul and masked_fill store them, and
+// softmax_row runs over it: the product is rounded (and stored) before the softmax subtracts the maximum, so no
+// multiply-add can join the two.
+template <class T>
+void scale_masked_softmax_forward(const T* x, const T* scale, bool divide, const std::uint8_t* mask, const Shape& sm, T fill,
+                                  T* y, const Shape& shape) {
+  using A = amp::kernel_math_t<amp::op::softmax, T>;
+  using M = std::conditional_t<std::is_same_v<T, double>, double, float>;  // the binary ops' register type
+  const int rank = shape.size();
+  const std::int64_t n = rank ? shape[rank - 1] : 1, total = shape.numel(), rows = n ? total / n : 0;
+  const std::int64_t ms = mask && rank ? sm[rank - 1] : 0;
+  const M s = scale ? scalar_cast<M>(*scale) : M(1);
+#pragma omp parallel if (total > kParallelMin)
+  {
+    std::vector<T> v(static_cast<std::size_t>(n));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * n;
+      T* vr = v.data();
+      if (!scale) {
+        std::copy(xr, xr + n, vr);
+      } else if (divide) {
+        for (std::int64_t j = 0; j < n; ++j) vr[j] = scalar_cast<T>(scalar_cast<M>(xr[j]) / s);
       } else {
-        for (std::int64_t j = 0; j < n; ++j) dr[j] = gr[j] - std::exp(yr[j]) * s;
+        for (std::int64_t j = 0; j < n; ++j) vr[j] = scalar_cast<T>(scalar_cast<M>(xr[j]) * s);
       }
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) s += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
-      for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - s));
+      if (mask) {
+        const std::uint8_t* mr = mask + mask_row_offset(r, shape, sm);
+        for (std::int64_t j = 0; j < n; ++j) vr[j] = mr[j * ms] ? fill : vr[j];
+      }
+      softmax_row<A>(static_cast<const T*>(vr), y + r * n, n, false);
+    }
+  }
+}
+
+template <class T>
+void scale_masked_softmax_backward(const T* y, const T* dy, const T* scale, bool divide, const std::uint8_t* mask, const Shape& sm,
+                                   T* dx, const Shape& shape) {
+  using A = amp::kernel_math_t<amp::op::softmax, T>;
+  using M = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int rank = shape.size();
+  const std::int64_t n = rank ? shape[rank - 1] : 1, total = shape.numel(), rows = n ? total / n : 0;
+  const std::int64_t ms = mask && rank ? sm[rank - 1] : 0;
+  const M s = scale ? scalar_cast<M>(*scale) : M(1);
+  const T zero = scalar_cast<T>(0.0);
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* dr = dx + r * n;
+    softmax_backward_row<A>(y + r * n, dy + r * n, dr, n, false);
+    if (mask) {  // masked_fill's backward
+      const std::uint8_t* mr = mask + mask_row_offset(r, shape, sm);
+      for (std::int64_t j = 0; j < n; ++j) dr[j] = mr[j * ms] ? zero : dr[j];
+    }
+    if (scale) {  // mul's (div's) backward: the gradient times (over) the scale, rounded
+      if (divide) {
+        for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<M>(dr[j]) / s);
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) dr[j] = scalar_cast<T>(scalar_cast<M>(dr[j]) * s);
+      }
     }
   }
 }

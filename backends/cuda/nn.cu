@@ -84,6 +84,75 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int
   }
 }
 
+// ---- scale, mask and softmax (Note [fused scale, mask and softmax]) -----------------------------------------
+// softmax_forward_kernel's loops over v_j instead of x_j: v_j (the scaled value rounded to T, or the fill) is
+// recomputed in each pass, as cheap as reading it. `mask` row r starts at g.offset(r·n) (g: the mask's strides
+// over the shape) and steps by ms.
+// The product and quotient go through the _rn intrinsics, which are never contracted into a multiply-add: the
+// separate ops round and store x·s before the softmax subtracts the maximum.
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
+template <class T>
+__device__ T scaled_masked(const T* xr, std::int64_t j, acc_t<T> s, int how, const std::uint8_t* mr, std::int64_t ms, T fill) {
+  using M = acc_t<T>;
+  if (mr && mr[j * ms]) return fill;
+  if (how == 0) return xr[j];
+  return scalar_cast<T>(how == 1 ? mul_rn(scalar_cast<M>(xr[j]), s) : div_rn(scalar_cast<M>(xr[j]), s));
+}
+
+template <class T>
+__global__ void scale_masked_softmax_forward_kernel(const T* x, const T* scale, int how, const std::uint8_t* mask,
+                                                    detail::Geo g, std::int64_t ms, T fill, T* y, std::int64_t rows,
+                                                    std::int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  const A s = scale ? scalar_cast<A>(*scale) : A(1);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const std::uint8_t* mr = mask ? mask + g.offset(r * n, 0) : nullptr;
+    A m = -INFINITY;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const A v = scalar_cast<A>(scaled_masked(xr, j, s, how, mr, ms, fill));
+      m = (v > m || v != v) ? v : m;
+    }
+    m = detail::block_max(m, shm);
+    A sum = 0;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += exp(scalar_cast<A>(scaled_masked(xr, j, s, how, mr, ms, fill)) - m);
+    sum = detail::block_sum(sum, shm);
+    const A inv = A(1) / sum;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x)
+      yr[j] = scalar_cast<T>(exp(scalar_cast<A>(scaled_masked(xr, j, s, how, mr, ms, fill)) - m) * inv);
+  }
+}
+
+template <class T>
+__global__ void scale_masked_softmax_backward_kernel(const T* y, const T* dy, const T* scale, int how, const std::uint8_t* mask,
+                                                     detail::Geo g, std::int64_t ms, T* dx, std::int64_t rows, std::int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shm[32];
+  const A s = scale ? scalar_cast<A>(*scale) : A(1);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* yr = y + r * n;
+    const T* gr = dy + r * n;
+    T* dr = dx + r * n;
+    const std::uint8_t* mr = mask ? mask + g.offset(r * n, 0) : nullptr;
+    A sum = 0;
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
+    sum = detail::block_sum(sum, shm);
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      T d = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - sum));  // softmax's backward
+      if (mr && mr[j * ms]) d = scalar_cast<T>(0.0);                                // masked_fill's
+      if (how == 1) d = scalar_cast<T>(mul_rn(scalar_cast<A>(d), s));              // mul's (div's)
+      else if (how == 2) d = scalar_cast<T>(div_rn(scalar_cast<A>(d), s));
+      dr[j] = d;
+    }
+  }
+}
+
 // ---- layernorm / rmsnorm ---------------------------------------------------------------------------------
 /// mean == nullptr: RMSNorm (no centring, no bias).
 template <class T>
@@ -465,6 +534,42 @@ template <class T>
 void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log) {
   if (rows * n == 0) return;
   softmax_backward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(y, dy, dx, rows, n, log);
+  TG_CUDA_LAUNCHED();
+}
+
+namespace {
+struct RowGeometry {
+  std::int64_t n, rows, ms;
+  detail::Geo g;
+};
+RowGeometry row_geometry(const std::uint8_t* mask, const Shape& sm, const Shape& shape) {
+  const int rank = shape.size();
+  RowGeometry rg{rank ? shape[rank - 1] : 1, 0, mask && rank ? sm[rank - 1] : 0, {}};
+  rg.rows = rg.n ? shape.numel() / rg.n : 0;
+  if (mask) rg.g = detail::make_geo(shape, sm);
+  return rg;
+}
+}  // namespace
+
+template <class T>
+void scale_masked_softmax_forward(const T* x, const T* scale, bool divide, const std::uint8_t* mask, const Shape& sm, T fill,
+                                  T* y, const Shape& shape) {
+  const RowGeometry rg = row_geometry(mask, sm, shape);
+  if (rg.rows * rg.n == 0) return;
+  const int how = scale ? (divide ? 2 : 1) : 0;
+  scale_masked_softmax_forward_kernel<T><<<row_blocks(rg.rows), detail::row_threads(rg.n), 0, detail::stream()>>>(
+      x, scale, how, mask, rg.g, rg.ms, fill, y, rg.rows, rg.n);
+  TG_CUDA_LAUNCHED();
+}
+
+template <class T>
+void scale_masked_softmax_backward(const T* y, const T* dy, const T* scale, bool divide, const std::uint8_t* mask, const Shape& sm,
+                                   T* dx, const Shape& shape) {
+  const RowGeometry rg = row_geometry(mask, sm, shape);
+  if (rg.rows * rg.n == 0) return;
+  const int how = scale ? (divide ? 2 : 1) : 0;
+  scale_masked_softmax_backward_kernel<T><<<row_blocks(rg.rows), detail::row_threads(rg.n), 0, detail::stream()>>>(
+      y, dy, scale, how, mask, rg.g, rg.ms, dx, rg.rows, rg.n);
   TG_CUDA_LAUNCHED();
 }
 

@@ -32,11 +32,17 @@ std::string FusedChain::describe() const {
 }
 
 std::string FusedPair::describe() const {
-  static constexpr const char* producers[] = {"add", "dropout", "linear"};
-  static constexpr const char* consumers[] = {"layernorm", "add", "gelu_tanh"};
+  static constexpr const char* producers[] = {"add", "dropout", "linear", ""};
+  static constexpr const char* consumers[] = {"layernorm", "add", "gelu_tanh", "softmax"};
   const auto k = static_cast<std::size_t>(kind);
   std::ostringstream o;
-  o << producers[k] << " -> " << consumers[k] << ' ' << shape << ' ' << dtype_name(dtype) << " as " << fusion::pair_kind_name(kind);
+  if (kind == fusion::PairKind::scale_masked_softmax) {
+    if (scale_operand >= 0) o << (divide ? "div" : "mul") << " -> ";
+    if (masked) o << "masked_fill -> ";
+  } else {
+    o << producers[k] << " -> ";
+  }
+  o << consumers[k] << ' ' << shape << ' ' << dtype_name(dtype) << " as " << fusion::pair_kind_name(kind);
   return o.str();
 }
 
@@ -96,6 +102,7 @@ void FusionScout::list(const pw::ChainStep& step, fusion::Special special, const
     in.shape = o.shape;
     in.strides = o.strides;
     in.constant = o.constant && device == DeviceKind::cpu;  // as a constant only when it comes from outside a chain
+    in.requires_grad = o.requires_grad;
     const int p = producer_of(o.raw());
     if (p < 0) continue;
     const Event& src = events_[static_cast<std::size_t>(p)];
@@ -138,13 +145,50 @@ std::vector<FusedPair> FusionScout::pairs(std::vector<bool>& taken) const {
   auto value_only_read_by = [](const Event& p, int reader) {  // never stored once fused: read by its consumer only, gone at the end
     return !p.read_elsewhere && p.out.expired() && p.readers.size() == 1 && p.readers.front() == reader;
   };
+  // e's operand that is a one-element scale needing no gradient, its other operand of e's shape (-1: none; a
+  // div's scale is its divisor)
+  auto scale_of = [](const Event& e) {
+    if (e.special != fusion::Special::none || !e.step.binary || e.n != 2 ||
+        (e.step.b != math::Binary::mul && e.step.b != math::Binary::div))
+      return -1;
+    for (int sc = 1; sc >= 0; --sc) {
+      if (sc == 0 && e.step.b == math::Binary::div) break;
+      if (e.in[sc].shape.numel() == 1 && !e.in[sc].requires_grad && e.in[1 - sc].shape == e.shape) return sc;
+    }
+    return -1;
+  };
+  // b follows a directly, of one dtype and device, and reads a's value (that very tensor) as its operand 0 alone
+  auto feeds = [&](int a, int b) {
+    if (b >= n) return false;
+    const Event& p = events_[static_cast<std::size_t>(a)];
+    const Event& c = events_[static_cast<std::size_t>(b)];
+    bool only = c.in[0].from == a;
+    for (int i = 1; i < c.n; ++i) only = only && c.in[i].from != a;
+    return c.recorded_at == p.recorded_at + 1 && c.dtype == p.dtype && c.device == p.device && c.shape == p.shape && only &&
+           value_only_read_by(p, b);
+  };
   for (int k = 0; k + 1 < n; ++k) {
     const Event& p = events_[static_cast<std::size_t>(k)];
     const Event& c = events_[static_cast<std::size_t>(k + 1)];
     if (c.recorded_at != p.recorded_at + 1 || c.dtype != p.dtype || c.device != p.device) continue;
     FusedPair pr;
     bool found = false;
-    if (is_add(p) && c.special == fusion::Special::layernorm && c.in[0].from == k && p.in[0].shape == p.shape &&
+    if (const int sc = scale_of(p); sc >= 0 || p.special == fusion::Special::masked_fill) {
+      int last = k;  // the scale, then the mask, then the softmax
+      if (sc >= 0 && events_[static_cast<std::size_t>(k + 1)].special == fusion::Special::masked_fill && feeds(k, k + 1)) last = k + 1;
+      const int soft = last + 1;
+      if (soft < n && events_[static_cast<std::size_t>(soft)].special == fusion::Special::softmax && feeds(last, soft)) {
+        pr.kind = fusion::PairKind::scale_masked_softmax;
+        pr.length = soft - k + 1;
+        pr.scale_operand = sc;
+        pr.divide = sc >= 0 && p.step.b == math::Binary::div;
+        pr.masked = p.special == fusion::Special::masked_fill || last > k;
+        pr.value_operand = 0;
+        found = true;
+      }
+    }
+    if (found) {
+    } else if (is_add(p) && c.special == fusion::Special::layernorm && c.in[0].from == k && p.in[0].shape == p.shape &&
         p.in[1].shape == p.shape) {
       pr.kind = fusion::PairKind::add_layernorm;
       pr.value_operand = 0;
@@ -173,9 +217,10 @@ std::vector<FusedPair> FusionScout::pairs(std::vector<bool>& taken) const {
                                                         : ", which the fused op never stores: it was read other than by the pair's consumer")
         << " (Note [pair rewrites]); compile the step with CompileOptions{.fuse = false}";
     pr.message = std::make_shared<const std::string>(why.str());
-    taken[static_cast<std::size_t>(k)] = taken[static_cast<std::size_t>(k + 1)] = true;
+    for (int i = 0; i < pr.length; ++i) taken[static_cast<std::size_t>(k + i)] = true;
+    const int length = pr.length;
     out.push_back(std::move(pr));
-    ++k;
+    k += length - 1;
   }
   return out;
 }
@@ -299,15 +344,32 @@ fusion::Decision FusionApply::produce(const pw::ChainStep* step, fusion::Special
       break;
     case fusion::PairKind::dropout_add: same = !step && op == fusion::Special::dropout; break;
     case fusion::PairKind::linear_gelu_tanh: same = !step && op == fusion::Special::linear; break;
+    case fusion::PairKind::scale_masked_softmax:
+      if (pr.scale_operand < 0) {
+        same = !step && op == fusion::Special::masked_fill;
+      } else {
+        const int sc = pr.scale_operand;
+        same = step && step->binary && step->b == (pr.divide ? math::Binary::div : math::Binary::mul) && n == 2 &&
+               operands[sc].shape.numel() == 1 && !operands[sc].requires_grad && operands[1 - sc].shape == out_shape;
+      }
+      break;
   }
   if (!same || n != pr.producer_operands || out_shape != pr.shape || dtype != pr.dtype || device != pr.device)
     pair_diverged(std::string("the pair's first op is '") + op_name(step, op) + "' " + to_string(out_shape) + ' ' + std::string(dtype_name(dtype)) +
                   (n == pr.producer_operands ? std::string() : " over " + std::to_string(n) + " operands"));
   pair_ = {};
   pair_.kind = pr.kind;
+  pair_.scale_operand = pr.scale_operand;
+  pair_.divide = pr.divide;
   pair_open_ = true;
+  stage_ = 1;
   fusion::Decision d;
-  if (pr.kind == fusion::PairKind::add_layernorm) {
+  if (pr.kind == fusion::PairKind::scale_masked_softmax) {
+    d.action = pr.scale_operand >= 0 ? fusion::Action::hold : fusion::Action::member;  // a masked_fill keeps x itself
+    d.new_input[0] = pr.scale_operand < 0;
+    d.pending = Storage::pending(static_cast<std::size_t>(out_shape.numel()) * dtype_size(dtype), pr.message);
+    pair_value_ = d.pending;
+  } else if (pr.kind == fusion::PairKind::add_layernorm) {
     d.action = fusion::Action::deferred;  // the add records its node; the consumer writes its output
     d.why = pr.message;
     own_record_ = true;
@@ -322,15 +384,20 @@ fusion::Decision FusionApply::produce(const pw::ChainStep* step, fusion::Special
 fusion::Decision FusionApply::consume(const pw::ChainStep* step, fusion::Special op, const fusion::OperandInfo* operands, int n,
                                       const Shape& out_shape, DType dtype, DeviceKind device) {
   const FusedPair& pr = (*pairs_)[next_pair_];
+  const bool middle = stage_ < pr.length - 1;  // a scale_masked_softmax's masked_fill
   bool same = false;
   switch (pr.kind) {
+    case fusion::PairKind::scale_masked_softmax:
+      same = !step && op == (middle ? fusion::Special::masked_fill : fusion::Special::softmax);
+      break;
     case fusion::PairKind::add_layernorm: same = !step && op == fusion::Special::layernorm; break;
     case fusion::PairKind::dropout_add: same = step && step->binary && step->b == math::Binary::add && n == 2; break;
     case fusion::PairKind::linear_gelu_tanh: same = step && !step->binary && step->u == math::Unary::gelu_tanh; break;
   }
   if (!same || out_shape != pr.shape || dtype != pr.dtype || device != pr.device)
     pair_diverged(std::string("'") + op_name(step, op) + "' " + to_string(out_shape) + ' ' + std::string(dtype_name(dtype)) +
-                  " ran right after the pair's first op where the captured step ran its consumer");
+                  " ran right after the pair's " + (stage_ > 1 ? "middle" : "first") + " op where the captured step ran its " +
+                  (middle ? "masked_fill" : "consumer"));
   const Storage* value = pr.kind == fusion::PairKind::add_layernorm ? pair_.filled.get() : pair_value_.get();
   auto is_value = [&](const fusion::OperandInfo& o) {
     return value && o.raw() == value && o.offset == 0 && o.shape == pr.shape && o.strides == contiguous_strides(pr.shape);
@@ -341,8 +408,17 @@ fusion::Decision FusionApply::consume(const pw::ChainStep* step, fusion::Special
     if (i != v && is_value(operands[i])) wired = false;
   if (pr.kind == fusion::PairKind::dropout_add && wired) wired = operands[1 - v].shape == pr.shape;
   if (!wired)
-    pair_diverged(std::string("the pair's consumer '") + op_name(step, op) + "' does not read the value of its first op as operand " +
-                  std::to_string(v) + " alone, as the captured step did");
+    pair_diverged(std::string("the pair's ") + (middle ? "middle op '" : "consumer '") + op_name(step, op) +
+                  "' does not read the value of its " + (stage_ > 1 ? "middle" : "first") + " op as operand " + std::to_string(v) +
+                  " alone, as the captured step did");
+  if (middle) {  // the masked_fill: its value is pending too; the softmax comes next
+    ++stage_;
+    fusion::Decision d;
+    d.action = fusion::Action::member;
+    d.pending = Storage::pending(static_cast<std::size_t>(out_shape.numel()) * dtype_size(dtype), pr.message);
+    pair_value_ = d.pending;
+    return d;
+  }
   pair_open_ = false;
   own_record_ = false;
   pair_running_ = true;
@@ -491,6 +567,7 @@ const char* pair_kind_name(PairKind k) {
     case PairKind::add_layernorm: return "add_layernorm";
     case PairKind::dropout_add: return "dropout_add";
     case PairKind::linear_gelu_tanh: return "linear_gelu_tanh";
+    case PairKind::scale_masked_softmax: return "scale_masked_softmax";
   }
   return "?";
 }
@@ -500,6 +577,8 @@ const char* special_name(Special op) {
     case Special::dropout: return "dropout";
     case Special::linear: return "linear";
     case Special::layernorm: return "layernorm";
+    case Special::masked_fill: return "masked_fill";
+    case Special::softmax: return "softmax";
   }
   return "?";
 }

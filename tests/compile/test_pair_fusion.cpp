@@ -117,6 +117,7 @@ struct Trained {
   std::vector<std::string> ops;  // the ops the last capture recorded
   std::size_t chains = 0;
   tg::capture::MemoryPlan plan;
+  std::int64_t measured_peak = 0;  // the allocator's peak over the calls from the fourth on
 };
 
 /// `warm`: one eager step first (the optimizer's state exists before the capture, so two plans compare).
@@ -131,10 +132,12 @@ Trained train(bool compiled, bool fuse, int steps = 20, bool warm = false) {
   for (int k = 0; k < steps; ++k) {
     const Tensor<float> x = m.input(k);
     const Tensor<std::int64_t> y = m.targets(k);
+    if (k == 3) a.reset_peak();
     const std::int64_t before = a.stats().allocations;
     r.losses.push_back(compiled ? c(x, y) : m.step(x, y));
     r.allocations.push_back(a.stats().allocations - before);
   }
+  r.measured_peak = a.stats().peak_bytes;
   for (const auto& q : m.ps) r.weights.push_back(q.tensor.to_vector());
   for (const auto& pr : c.fused_pairs()) r.pairs.push_back(pr.describe());
   r.chains = c.fused_chains().size();
@@ -177,6 +180,9 @@ void fuses_the_pairs_bit_for_bit(const std::string& dtype) {
   expect_bitwise(fused, eager, dtype.c_str());
   // from the third call (the second captured the fused step) no allocator call
   for (std::size_t i = 2; i < fused.allocations.size(); ++i) EXPECT_EQ(fused.allocations[i], 0) << "step " << i;
+  // and the fused capture's plan predicts the replays' peak within 5%
+  EXPECT_LE(std::abs(static_cast<double>(fused.plan.peak_bytes() - fused.measured_peak)), 0.05 * static_cast<double>(fused.measured_peak))
+      << fused.plan.peak_bytes() << " planned, " << fused.measured_peak << " measured\n" << fused.plan.describe();
   // the fused step allocates no dropped-out branch: its plan is at most the plain compiled step's (both captured
   // with the optimizer's state in place)
   const Trained plain = train<T>(true, false, 4, true), warm = train<T>(true, true, 4, true);

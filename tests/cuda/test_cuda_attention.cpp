@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include <typegrad/ops/scale_masked_softmax.hpp>
 #include <typegrad/typegrad.hpp>
 
 #include "cuda/gpu_skip.hpp"
@@ -153,6 +155,44 @@ TEST_F(CudaAttention, OtherHeadSizesAndFp32RunTheComposite) {
   const auto y = tg::Tensor<float>::normal({1, 2, 33, 64}, 0.f, 1.f, gen);
   (void)run_attention<float, tg::cuda>(y, y, y, y);
   EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0);
+}
+
+// scale_masked_softmax on the GPU against the separate GPU ops (mul, masked_fill, softmax and their backward): the
+// values and the gradient bit for bit (Note [fused scale, mask and softmax]), with the causal mask and a broadcast
+// random one, in fp32, bf16 and fp16.
+template <class T>
+void scale_masked_softmax_equals_the_separate_ops(const tg::Shape& shape, const tg::Tensor<std::uint8_t>& mask_h, double fill) {
+  tg::Generator gen(13);
+  const auto xh = tg::Tensor<float>::normal(shape, 0.f, 2.f, gen), uh = tg::Tensor<float>::normal(shape, 0.f, 1.f, gen);
+  const auto mask = mask_h.to<tg::cuda>();
+  auto xf = xh.to<T>().template to<tg::cuda>().requires_grad_();
+  auto xu = xh.to<T>().template to<tg::cuda>().requires_grad_();
+  const auto u = uh.to<T>().template to<tg::cuda>();
+  const auto f = tg::scale_masked_softmax(xf, 0.125, mask, fill);
+  const auto y = tg::softmax(tg::masked_fill(tg::mul(xu, 0.125), mask, fill));
+  (f * u).backward(u);
+  (y * u).backward(u);
+  const auto fv = f.detach().template to<tg::cpu>().to_vector(), yv = y.detach().template to<tg::cpu>().to_vector();
+  const auto gf = xf.grad().template to<tg::cpu>().to_vector(), gu = xu.grad().template to<tg::cpu>().to_vector();
+  ASSERT_EQ(fv.size(), yv.size());
+  EXPECT_EQ(std::memcmp(fv.data(), yv.data(), fv.size() * sizeof(T)), 0) << "the values " << shape;
+  EXPECT_EQ(std::memcmp(gf.data(), gu.data(), gf.size() * sizeof(T)), 0) << "dx " << shape;
+}
+
+TEST_F(CudaAttention, ScaleMaskedSoftmaxEqualsTheSeparateOpsBitForBit) {
+  tg::Generator g(3);
+  const auto random = tg::Tensor<float>::uniform({1, 1, 40}, 0.f, 2.f, g).to<std::uint8_t>();
+  for (int t = 0; t < 3; ++t) {
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, tg::causal_mask(40), -INFINITY);
+      scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, random, -30.0);
+      scale_masked_softmax_equals_the_separate_ops<T>({3, 1100}, tg::causal_mask(1100).narrow(0, 700, 1), -INFINITY);
+    };
+    if (t == 0) run(float{});
+    else if (t == 1) run(tg::bf16{});
+    else run(tg::fp16{});
+  }
 }
 
 }  // namespace

@@ -61,12 +61,18 @@ struct FusedChain {
 };
 
 // Note [pair rewrites]
-// Three pairs of ops that a model may write separately have a fused op each; a compiled step (CompileOptions::fuse)
-// runs the pair as that op:
+// Four patterns of ops that a model may write separately have a fused op each; a compiled step (CompileOptions::fuse)
+// runs the pattern as that op:
 //   add(x, r) read by layernorm(h, w, b)            -> add_layernorm  (h is kept: the residual stream reads it on)
 //   dropout(r) read by add(x, d) or add(d, x)       -> dropout_add    (d is never stored)
 //   linear(x, W[, b]) read by gelu_tanh(pre)        -> linear_gelu_tanh (pre is the fused op's own saved value),
 //                                                      off the CPU only (below)
+//   mul(x, s) or div(x, s), s one element needing no gradient, read by masked_fill(a, mask, fill) read by
+//   softmax(over the last dim); or two of the three (the scale and the softmax, or the mask and the softmax)
+//                                                   -> scale_masked_softmax (a hand-written attention's middle:
+//                                                      Note [fused scale, mask and softmax]; neither the scaled
+//                                                      nor the masked scores are stored)
+// (The three-op pattern is a "pair" too below: its middle op reads the first's value and is read by the last.)
 // The first call (FusionScout) lists these ops beside the elementwise ones, with the same operand identities. A
 // pair is a producer and its consumer recorded one right after the other, of one dtype and device, the consumer
 // reading that very tensor (storage, view and autograd identity); for add, both operands of the output's shape (no
@@ -88,16 +94,20 @@ struct FusedChain {
 // naming the pair.
 
 /// A pair of a compiled step run as one fused op: the producer numbered `first` (among the ops a rewrite may take
-/// over, as a chain's) and its consumer, first + 1.
+/// over, as a chain's) and its consumer, first + length - 1 (a scale_masked_softmax's masked_fill between them).
 struct FusedPair {
   fusion::PairKind kind = fusion::PairKind::add_layernorm;
   std::int64_t first = 0;
+  int length = 2;          // ops: 3 for a scale, a mask and a softmax
+  int scale_operand = -1;  // scale_masked_softmax: the first op's operand that is the scale (-1: no scale)
+  bool divide = false;     // and whether that op is a div
+  bool masked = false;     // a masked_fill is in the pattern
   Shape shape;  // the producer's output
   DType dtype = DType::f32;
   DeviceKind device = DeviceKind::cpu;
   int producer_operands = 2;  // linear: 2 without a bias, 3 with
   int value_operand = 0;      // the consumer's operand that is the producer's value
-  std::shared_ptr<const std::string> message;  // what reading the producer's value says
+  std::shared_ptr<const std::string> message;  // what reading the producer's value (or the middle op's) says
   std::string describe() const;                // "linear -> gelu_tanh [8,128,1024] f32 as linear_gelu_tanh"
 };
 
@@ -144,6 +154,7 @@ class FusionScout final : public fusion::Rewriter {
     std::int64_t offset = 0;
     Shape shape, strides;
     bool constant = false;
+    bool requires_grad = false;
     int from = -1;  // the event whose value it is (that very tensor: storage, view and autograd identity), else -1
     bool same(const Operand& o) const {
       return !storage.owner_before(o.storage) && !o.storage.owner_before(storage) && meta == o.meta && offset == o.offset &&
@@ -214,6 +225,7 @@ class FusionApply final : public fusion::Rewriter {
   bool pair_open_ = false;     // a pair's producer ran, its consumer is next
   bool pair_running_ = false;  // its consumer runs the fused op (until done())
   bool own_record_ = false;    // the deferred add's own node is still to be recorded
+  int stage_ = 0;              // ops of the open pair that ran (a three-op pattern's middle op comes at 1)
   fusion::PairState pair_;
   std::shared_ptr<Storage> pair_value_;  // the producer's pending value (dropout, linear)
   std::size_t link_ = 0;       // the next link of the open chain

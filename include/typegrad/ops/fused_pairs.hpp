@@ -1,6 +1,7 @@
 // What tg::compile's pair rewrite (Note [pair rewrites], compile/fusion.hpp) runs when a pair's consumer comes:
 // add_layernorm for an add read by a layernorm, dropout_add for a dropout read by a residual add,
-// linear_gelu_tanh for a linear read by gelu_tanh. The consumer ops call these through ops/fusion_hook.hpp.
+// linear_gelu_tanh for a linear read by gelu_tanh, scale_masked_softmax for a scale and a mask read by a softmax.
+// The consumer ops call these through ops/fusion_hook.hpp.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,9 @@
 #include "typegrad/ops/dropout_add.hpp"
 #include "typegrad/ops/fusion_hook.hpp"
 #include "typegrad/ops/linear_gelu.hpp"
+#include "typegrad/ops/scale_masked_softmax.hpp"
 
-// Declared here too: this header may be reached from inside one of the three above (through binary.hpp or
+// Declared here too: this header may be reached from inside one of the four above (through binary.hpp or
 // unary.hpp, which include it last), before that header's definitions.
 namespace tg {
 template <FloatingElement T, Device D>
@@ -23,6 +25,9 @@ Tensor<T, D> add_layernorm_into(const Tensor<T, D>& x, const Tensor<T, D>& branc
                                 const Tensor<T, D>& bias, double eps, Tensor<T, D>& h, bool record_add);
 template <FloatingElement T, Device D>
 Tensor<T, D> dropout_add_at(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, std::uint64_t seed, std::uint64_t offset);
+template <FloatingElement T, Device D>
+Tensor<T, D> scale_masked_softmax_at(const Tensor<T, D>& x, const Tensor<T, D>* scale, bool divide,
+                                     const Tensor<std::uint8_t, D>* mask, double fill);
 }  // namespace detail
 }  // namespace tg
 
@@ -65,6 +70,8 @@ Tensor<T, D> run_fused_pair(fusion::Rewriter& r, const Tensor<T, D>* other) {
         break;
       case fusion::PairKind::add_layernorm:
         throw Error("tg::compile: fusion: add_layernorm is run by its layernorm");
+      case fusion::PairKind::scale_masked_softmax:
+        throw Error("tg::compile: fusion: scale_masked_softmax is run by its softmax");
     }
   }
   return out;
@@ -90,6 +97,20 @@ Tensor<T, D> run_fused_add_layernorm(fusion::Rewriter& r, const Tensor<T, D>& h,
     throw;
   }
   return y;
+}
+
+template <FloatingElement T, Device D>
+Tensor<T, D> run_fused_scale_masked_softmax(fusion::Rewriter& r) {
+  fusion::PairState& s = r.pair();
+  TG_CHECK(s.kind == fusion::PairKind::scale_masked_softmax, "tg::compile: fusion: a softmax consumed the pair ",
+           fusion::pair_kind_name(s.kind));
+  const PairDone done(r);
+  const bool scaled = s.scale_operand >= 0;
+  const Tensor<T, D>& x = pair_input<T, D>(s, scaled ? static_cast<std::size_t>(1 - s.scale_operand) : 0);
+  const Tensor<T, D>* scale = scaled ? &pair_input<T, D>(s, static_cast<std::size_t>(s.scale_operand)) : nullptr;
+  const auto* mask = static_cast<const Tensor<std::uint8_t, D>*>(s.mask.get());
+  fusion::Suspend plain;
+  return scale_masked_softmax_at(x, scale, s.divide, mask, s.fill);
 }
 
 }  // namespace tg::detail

@@ -32,9 +32,9 @@ struct OperandInfo {
 
 /// The ops a pair rewrite (Note [pair rewrites], compile/fusion.hpp) takes over besides the elementwise ones
 /// (add and gelu_tanh report themselves as chain steps).
-enum class Special : unsigned char { none, dropout, linear, layernorm };
-/// The fused op a pair of ops becomes.
-enum class PairKind : unsigned char { add_layernorm, dropout_add, linear_gelu_tanh };
+enum class Special : unsigned char { none, dropout, linear, layernorm, masked_fill, softmax };
+/// The fused op a pair of ops becomes (scale_masked_softmax: two or three ops, the scale, the mask and the softmax).
+enum class PairKind : unsigned char { add_layernorm, dropout_add, linear_gelu_tanh, scale_masked_softmax };
 const char* pair_kind_name(PairKind k);
 const char* special_name(Special op);
 
@@ -48,6 +48,8 @@ enum class Action : unsigned char {
             ///< no kernel
   consume,  ///< a pair's consumer: the op runs the fused op (pair()), reading the producer's value from operand
             ///< `value_operand`
+  hold,     ///< an elementwise op that is a pair's first op whose value is never stored (mul before masked_fill):
+            ///< it returns a pending tensor over `pending` and keeps its operands, in order, in pair().inputs
 };
 struct Decision {
   Action action = Action::run;
@@ -64,6 +66,10 @@ struct PairState {
   std::shared_ptr<Storage> filled;                   ///< add_layernorm: the add's output, written by the consumer
   std::uint64_t seed = 0, offset = 0;                ///< dropout_add: the dropout's Philox position
   double p = 0;                                      ///< and its probability
+  int scale_operand = -1;                            ///< scale_masked_softmax: the input that is the scale (-1: none)
+  bool divide = false;                               ///< and whether it divides
+  std::shared_ptr<const void> mask;                  ///< the masked_fill's mask (a Tensor<std::uint8_t, D>; null: none)
+  double fill = 0;                                   ///< and its value
 };
 
 /// The compile step's rewriter (capture::FusionScout finds chains, capture::FusionApply fuses them).
@@ -82,7 +88,8 @@ class Rewriter {
   virtual const Shape& out_shape() const = 0;
   virtual const std::vector<std::shared_ptr<const void>>& inputs() const = 0;
   virtual void done() = 0;
-  /// A dropout, linear or layernorm (Special) over operands[0, n) about to run (Note [pair rewrites]).
+  /// A dropout, linear, layernorm, masked_fill or softmax (Special) over operands[0, n) about to run (Note [pair
+  /// rewrites]).
   virtual Decision on_special(Special op, const OperandInfo* operands, int n, const Shape& out_shape, DType dtype,
                               DeviceKind device) = 0;
   /// The open pair (after a member or deferred decision of its producer, until the consumer's done()).
@@ -134,6 +141,10 @@ template <FloatingElement T, Device D>
 Tensor<T, D> run_fused_add_layernorm(fusion::Rewriter& r, const Tensor<T, D>& h, const Tensor<T, D>& weight,
                                      const Tensor<T, D>& bias, double eps);
 
+/// The scale_masked_softmax pair's softmax: runs the fused op over the pair's inputs (ops/fused_pairs.hpp).
+template <FloatingElement T, Device D>
+Tensor<T, D> run_fused_scale_masked_softmax(fusion::Rewriter& r);
+
 /// Called first by every fusable op: the op's result when a compiled step's rewrite takes the op over. An op
 /// that can be a pair's deferred producer (add) passes `deferred`: set when the result is an unwritten output
 /// the op must still record its node for.
@@ -146,6 +157,12 @@ std::optional<Tensor<T, D>> try_fuse(const pw::ChainStep& step, const Shape& out
   fusion::Decision d = r->on_op(step, ops.data(), b ? 2 : 1, out_shape, dtype_traits<T>::dtype, device_traits<D>::kind);
   if (d.action == fusion::Action::run) return std::nullopt;
   if (d.action == fusion::Action::consume) return run_fused_pair<T, D>(*r, d.value_operand == 0 ? b : &a);
+  if (d.action == fusion::Action::hold) {
+    fusion::PairState& s = r->pair();
+    s.inputs.push_back(std::make_shared<const Tensor<T, D>>(a));
+    if (b) s.inputs.push_back(std::make_shared<const Tensor<T, D>>(*b));
+    return Tensor<T, D>::over_storage_raw(std::move(d.pending), out_shape);
+  }
   if (d.action == fusion::Action::deferred) {
     TG_CHECK(deferred, "tg::compile: fusion: op '", pw::chain_op_name(step), "' cannot be a deferred producer");
     Tensor<T, D> out = Tensor<T, D>::empty(out_shape);
@@ -193,6 +210,36 @@ std::optional<Tensor<T, D>> try_consume_layernorm(const Tensor<T, D>& x, const T
   if (d.action == fusion::Action::run) return std::nullopt;
   TG_CHECK(d.action == fusion::Action::consume, "tg::compile: fusion: a layernorm cannot be a pair's producer");
   return run_fused_add_layernorm<T, D>(*r, x, weight, bias, eps);
+}
+
+/// Called by masked_fill before it runs: a pending tensor when it is an op of a scale_masked_softmax pair (its mask
+/// and fill kept in the rewriter's pair(); x too when it is the pair's first op).
+template <FloatingElement T, Device D>
+std::optional<Tensor<T, D>> try_defer_masked_fill(const Tensor<T, D>& x, const Tensor<std::uint8_t, D>& mask, double value) {
+  fusion::Rewriter* r = fusion::rewriter();
+  if (!r) [[likely]] return std::nullopt;
+  const std::array<fusion::OperandInfo, 2> ops{fusion_operand(x), fusion_operand(mask)};
+  fusion::Decision d = r->on_special(fusion::Special::masked_fill, ops.data(), 2, x.shape(), dtype_traits<T>::dtype,
+                                     device_traits<D>::kind);
+  if (d.action == fusion::Action::run) return std::nullopt;
+  TG_CHECK(d.action == fusion::Action::member, "tg::compile: fusion: a masked_fill can only be a scale_masked_softmax pair's first or middle op");
+  fusion::PairState& s = r->pair();
+  if (d.new_input[0]) s.inputs.push_back(std::make_shared<const Tensor<T, D>>(x));
+  s.mask = std::make_shared<const Tensor<std::uint8_t, D>>(mask);
+  s.fill = value;
+  return Tensor<T, D>::over_storage_raw(std::move(d.pending), x.shape());
+}
+
+/// Called by softmax (over the last dim) before it runs: its result when it ends a scale_masked_softmax pair.
+template <FloatingElement T, Device D>
+std::optional<Tensor<T, D>> try_consume_softmax(const Tensor<T, D>& x) {
+  fusion::Rewriter* r = fusion::rewriter();
+  if (!r) [[likely]] return std::nullopt;
+  const std::array<fusion::OperandInfo, 1> ops{fusion_operand(x)};
+  fusion::Decision d = r->on_special(fusion::Special::softmax, ops.data(), 1, x.shape(), dtype_traits<T>::dtype, device_traits<D>::kind);
+  if (d.action == fusion::Action::run) return std::nullopt;
+  TG_CHECK(d.action == fusion::Action::consume, "tg::compile: fusion: a softmax can only end a scale_masked_softmax pair");
+  return run_fused_scale_masked_softmax<T, D>(*r);
 }
 
 }  // namespace tg::detail

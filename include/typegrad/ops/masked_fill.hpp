@@ -27,6 +27,8 @@ Tensor<T, D> masked_fill(const Tensor<T, D>& x, const Tensor<std::uint8_t, D>& m
     fits = m == have || m == 1;
   }
   TG_CHECK(fits, "masked_fill: the mask of shape ", mask.shape(), " cannot be broadcast to the input's shape ", x.shape());
+  if (fusion::rewriter()) [[unlikely]]  // an op of a hand-written scale, mask and softmax (Note [pair rewrites])
+    if (auto f = detail::try_defer_masked_fill(x, mask, value)) return *f;
   const Shape sm = detail::broadcast_strides(mask, x.shape());
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   TG_BACKEND(D, masked_fill<T>(x.data(), x.strides(), mask.data(), sm, scalar_cast<T>(value), out.data(), x.shape()));

@@ -5,6 +5,7 @@
 
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/kernels/nn.hpp"
+#include "typegrad/ops/fusion_hook.hpp"
 
 namespace tg {
 
@@ -44,6 +45,9 @@ auto softmax_backward_fn(std::int64_t rows, std::int64_t n, bool log) {
 /// y_i = exp(x_i − max x) / Σ_j exp(x_j − max x) over the last dim.
 template <FloatingElement T, Device D>
 Tensor<T, D> softmax(const Tensor<T, D>& x, std::int64_t dim = -1) {
+  if (fusion::rewriter()) [[unlikely]]  // the end of a hand-written scale, mask and softmax (Note [pair rewrites])
+    if (x.dim() == 0 || dim == -1 || dim == x.dim() - 1)
+      if (auto f = detail::try_consume_softmax(x)) return *f;
   std::int64_t rows, n;
   Tensor<T, D> out = detail::softmax_forward_raw(x, dim, false, "softmax", rows, n);
   autodiff::record("softmax", out, detail::SoftmaxSaved<T, D>{out.detach()}, detail::softmax_backward_fn<T, D>(rows, n, false), x);
@@ -61,3 +65,5 @@ Tensor<T, D> log_softmax(const Tensor<T, D>& x, std::int64_t dim = -1) {
 }
 
 }  // namespace tg
+
+#include "typegrad/ops/fused_pairs.hpp"  // run_fused_scale_masked_softmax (after softmax: it may reach this header)

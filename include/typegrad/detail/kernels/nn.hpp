@@ -8,10 +8,19 @@
 #include <cstdint>
 
 #include "typegrad/core/dtype.hpp"
+#include "typegrad/core/shape.hpp"
 #include "typegrad/detail/kernels/declare.hpp"
 
 // softmax_forward:        y = softmax(x) (log_softmax when `log`) over each row, max-subtracted.
 // softmax_backward:       softmax: dx = y ∘ (dy − Σ dy∘y); log_softmax: dx = dy − exp(y) · Σ dy (y: the output).
+// scale_masked_softmax_forward: y = softmax(v) over each row of the contiguous x viewed as `shape` (its last
+//                         dim n), v_j = T(x_j · s) (T(x_j / s) when `divide`; x_j when scale is null, s = *scale,
+//                         a one-element tensor on the kernel's device), then v_j = fill where mask is nonzero (mask
+//                         null: none; mask_strides are its strides in `shape`, 0 on broadcast dims). Each v_j is
+//                         rounded to T as the separate ops store it, so y is softmax(masked_fill(mul(x, s), mask,
+//                         fill)) bit for bit (Note [fused scale, mask and softmax]).
+// scale_masked_softmax_backward: dx_j = T(T(mask_j ? 0 : T(y_j·(dy_j − Σ dy∘y))) · s) (or / s; no scale: the
+//                         middle value), the separate ops' backward formulas and roundings in one pass.
 // layernorm_forward:      y = (x − mean) · rstd · w + b per row, rstd = 1/sqrt(var + eps) (biased variance);
 //                         writes mean, rstd.
 // layernorm_backward:     x̂ = (x − mean)·rstd, g = dy∘w: dx = rstd·(g − mean(g) − x̂·mean(g∘x̂)),
@@ -37,6 +46,11 @@
   K(void, softmax_forward, (const T* x, T* y, std::int64_t rows, std::int64_t n, bool log), __VA_ARGS__)           \
   K(void, softmax_backward, (const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n, bool log),         \
     __VA_ARGS__)                                                                                                   \
+  K(void, scale_masked_softmax_forward, (const T* x, const T* scale, bool divide, const std::uint8_t* mask,         \
+                                         const Shape& mask_strides, T fill, T* y, const Shape& shape), __VA_ARGS__) \
+  K(void, scale_masked_softmax_backward, (const T* y, const T* dy, const T* scale, bool divide,                     \
+                                          const std::uint8_t* mask, const Shape& mask_strides, T* dx,              \
+                                          const Shape& shape), __VA_ARGS__)                                        \
   K(void, layernorm_forward, (const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,       \
                               std::int64_t rows, std::int64_t n, double eps), __VA_ARGS__)                         \
   K(void, layernorm_backward, (const T* x, const T* w, const accum_t<T>* mean, const accum_t<T>* rstd,             \
