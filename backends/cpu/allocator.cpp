@@ -25,14 +25,17 @@ std::size_t CachingHostAllocator::round_size(std::size_t bytes) {
 
 CachingHostAllocator::~CachingHostAllocator() { empty_cache(); }
 
-void* CachingHostAllocator::allocate(std::size_t bytes) {
+void* CachingHostAllocator::allocate(std::size_t bytes) { return allocate_from(bytes, false); }
+void* CachingHostAllocator::allocate_exact(std::size_t bytes) { return allocate_from(bytes, true); }
+
+void* CachingHostAllocator::allocate_from(std::size_t bytes, bool exact) {
   const std::size_t size = round_size(bytes);
   std::lock_guard lock(mu_);
   ++stats_.allocations;
   void* p = nullptr;
   std::size_t got = size;
   auto it = free_.lower_bound(size);
-  if (it != free_.end() && it->first <= 2 * size) {
+  if (it != free_.end() && (exact ? it->first == size : it->first <= 2 * size)) {
     got = it->first;
     p = it->second;
     free_.erase(it);

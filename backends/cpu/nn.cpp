@@ -123,7 +123,8 @@ void scale_masked_softmax_forward(const T* x, const T* scale, bool divide, const
   const M s = scale ? scalar_cast<M>(*scale) : M(1);
 #pragma omp parallel if (total > kParallelMin)
   {
-    std::vector<T> v(static_cast<std::size_t>(n));
+    thread_local std::vector<T> v;  // the row buffer, kept by each thread across calls
+    if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* xr = x + r * n;

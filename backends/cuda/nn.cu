@@ -43,6 +43,17 @@ __device__ A row_max(const T* x, std::int64_t n, A* shm) {
   return detail::block_max(m, shm);
 }
 
+// Rounding spelled out where two kernels must agree bit for bit (softmax and scale_masked_softmax): the _rn
+// intrinsics are never contracted or split by the compiler, so the same expression rounds the same in both.
+// mul_rn / div_rn: one rounded product or quotient (the separate ops round and store x·s before the softmax
+// subtracts the maximum); fma_rn: the backward's Σ dy·y, one fused multiply-add per term in each kernel.
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ inline float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ inline double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+
 // ---- softmax ---------------------------------------------------------------------------------------------
 template <class T>
 __global__ void softmax_forward_kernel(const T* x, T* y, std::int64_t rows, std::int64_t n, bool log) {
@@ -75,7 +86,7 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int
     T* dr = dx + r * n;
     A s = 0;
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      s += log ? scalar_cast<A>(gr[j]) : scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
+      s = log ? s + scalar_cast<A>(gr[j]) : fma_rn(scalar_cast<A>(gr[j]), scalar_cast<A>(yr[j]), s);
     s = detail::block_sum(s, shm);
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const A g = scalar_cast<A>(gr[j]), yv = scalar_cast<A>(yr[j]);
@@ -88,12 +99,6 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int
 // softmax_forward_kernel's loops over v_j instead of x_j: v_j (the scaled value rounded to T, or the fill) is
 // recomputed in each pass, as cheap as reading it. `mask` row r starts at g.offset(r·n) (g: the mask's strides
 // over the shape) and steps by ms.
-// The product and quotient go through the _rn intrinsics, which are never contracted into a multiply-add: the
-// separate ops round and store x·s before the softmax subtracts the maximum.
-__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 
 template <class T>
 __device__ T scaled_masked(const T* xr, std::int64_t j, acc_t<T> s, int how, const std::uint8_t* mr, std::int64_t ms, T fill) {
@@ -141,8 +146,8 @@ __global__ void scale_masked_softmax_backward_kernel(const T* y, const T* dy, co
     T* dr = dx + r * n;
     const std::uint8_t* mr = mask ? mask + g.offset(r * n, 0) : nullptr;
     A sum = 0;
-    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += scalar_cast<A>(gr[j]) * scalar_cast<A>(yr[j]);
-    sum = detail::block_sum(sum, shm);
+    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) sum = fma_rn(scalar_cast<A>(gr[j]), scalar_cast<A>(yr[j]), sum);
+    sum = detail::block_sum(sum, shm);  // softmax_backward_kernel's sum, term for term
     for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       T d = scalar_cast<T>(scalar_cast<A>(yr[j]) * (scalar_cast<A>(gr[j]) - sum));  // softmax's backward
       if (mr && mr[j * ms]) d = scalar_cast<T>(0.0);                                // masked_fill's

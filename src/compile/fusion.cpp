@@ -173,7 +173,7 @@ std::vector<FusedPair> FusionScout::pairs(std::vector<bool>& taken) const {
     if (c.recorded_at != p.recorded_at + 1 || c.dtype != p.dtype || c.device != p.device) continue;
     FusedPair pr;
     bool found = false;
-    if (const int sc = scale_of(p); sc >= 0 || p.special == fusion::Special::masked_fill) {
+    if (const int sc = scale_of(p); (sc >= 0 || p.special == fusion::Special::masked_fill) && (p.device == DeviceKind::cpu || every_device_)) {
       int last = k;  // the scale, then the mask, then the softmax
       if (sc >= 0 && events_[static_cast<std::size_t>(k + 1)].special == fusion::Special::masked_fill && feeds(k, k + 1)) last = k + 1;
       const int soft = last + 1;
@@ -349,8 +349,12 @@ fusion::Decision FusionApply::produce(const pw::ChainStep* step, fusion::Special
         same = !step && op == fusion::Special::masked_fill;
       } else {
         const int sc = pr.scale_operand;
-        same = step && step->binary && step->b == (pr.divide ? math::Binary::div : math::Binary::mul) && n == 2 &&
-               operands[sc].shape.numel() == 1 && !operands[sc].requires_grad && operands[1 - sc].shape == out_shape;
+        same = step && step->binary && step->b == (pr.divide ? math::Binary::div : math::Binary::mul) && n == 2;
+        if (same && (operands[sc].shape.numel() != 1 || operands[sc].requires_grad || operands[1 - sc].shape != out_shape))
+          pair_diverged(std::string("the pair's first op '") + op_name(step, op) + "' " + to_string(out_shape) + ' ' +
+                        std::string(dtype_name(dtype)) + " no longer scales by a one-element tensor that needs no gradient (operand " +
+                        std::to_string(sc) + ": " + to_string(operands[sc].shape) +
+                        (operands[sc].requires_grad ? ", requires a gradient" : "") + ")");
       }
       break;
   }
@@ -548,7 +552,7 @@ void FusionApply::on_recorded(const char* op) {
 }
 
 void FusionApply::finish() const {
-  if (pair_open_) pair_diverged("the step ended after the pair's first op");
+  if (pair_open_) pair_diverged(std::string("the step ended after the pair's ") + (stage_ > 1 ? "middle" : "first") + " op");
   if (pair_running_) pair_diverged("the pair's fused op did not finish");
   if (next_pair_ != pairs_->size())
     throw Error("tg::compile: fusion: the step ran ", next_pair_, " of the ", pairs_->size(), " fused pairs it was captured with (the next one: ",

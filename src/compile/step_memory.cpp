@@ -83,8 +83,8 @@ MemoryPlan StepMemory::end_trace() {
   plan_.created_bytes = base_->stats().bytes_in_use - plan_.resident_bytes;
   build_plan();
   ensure_arena();  // now, so that the first replay makes no allocator call either
-  // The arena's block in the device allocator's size classes (on the CPU its rounding: ensure_arena empties the
-  // cache first, so no larger cached block serves it).
+  // The arena's block in the device allocator's size classes (on the CPU its rounding: ensure_arena asks for a
+  // block of exactly that size class).
   plan_.arena_block_bytes = device_ == DeviceKind::cpu ? static_cast<std::int64_t>(CachingHostAllocator::round_size(static_cast<std::size_t>(plan_.arena_bytes)))
                                                        : arenas_.back()->block_bytes;
   tracing_.clear();  // the escapes' later frees go straight to the device's allocator
@@ -193,13 +193,11 @@ void StepMemory::ensure_arena() {
     if (cur && cur->live == 0) release_arena(cur);
     auto* a = new Arena;
     a->bytes = static_cast<std::size_t>(std::max<std::int64_t>(plan_.arena_bytes, 1));
-    // On the CPU the cache goes first: the caching allocator serves a request from a free block up to twice its
-    // size, and after a capture that shrank the plan (the fused capture of Note [fusion rewrites]) the released
+    // A block of the arena's own size class: the caching allocator serves a request from a free block up to twice
+    // its size, and after a capture that shrank the plan (the fused capture of Note [fusion rewrites]) the released
     // arena's block would serve the smaller one, holding bytes no replay uses and that the plan does not show.
-    // The replays make no allocator calls, so the trace's cached temporaries would only hold memory as well.
-    if (device_ == DeviceKind::cpu) base_->empty_cache();
     const std::int64_t before = base_->stats().bytes_in_use;
-    a->data = base_->allocate(a->bytes);
+    a->data = base_->allocate_exact(a->bytes);
     a->block_bytes = base_->stats().bytes_in_use - before;
     arenas_.push_back(a);
   }

@@ -131,10 +131,6 @@ TEST(Compile, NoAllocatorCallsAfterTheFirstStep) {
 
 TEST(Compile, ThePlanPredictsThePeak) {
   const Outcome compiled = train<tg::amp::fp32_policy>({.accum = 2, .steps = 4}, true);
-  // the eager steps from an empty cache: the compiled run's arena, freed into it, would serve their requests from
-  // a larger block (the caching allocator takes a free block up to twice the size), which the prediction does not
-  // model
-  tg::allocator<tg::cpu>().empty_cache();
   const Outcome eager = train<tg::amp::fp32_policy>({.accum = 2, .steps = 4}, false);
   const auto& p = compiled.plan;
   // A replayed step's peak is the plan's (resident state + the arena's block; to the byte unless the allocator

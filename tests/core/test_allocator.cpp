@@ -112,6 +112,22 @@ TEST(CachingHostAllocator, LargerCachedBlockServesUpToTwiceItsSize) {
   EXPECT_EQ(a.stats().bytes_reserved, 4096 + 1024);
 }
 
+// allocate_exact (tg::compile's arenas): only a cached block of the request's own size class serves it.
+TEST(CachingHostAllocator, AllocateExactTakesNoLargerCachedBlock) {
+  CachingHostAllocator a;
+  void* big = a.allocate(4096);
+  a.deallocate(big, 4096);
+  void* exact = a.allocate_exact(2048);  // allocate() would hand out the 4 KiB block
+  EXPECT_NE(exact, big);
+  EXPECT_EQ(a.stats().system_allocations, 2);
+  EXPECT_EQ(a.stats().bytes_in_use, 2048);
+  a.deallocate(exact, 2048);
+  void* same = a.allocate_exact(2000);  // the 2 KiB class: its own cached block
+  EXPECT_EQ(same, exact);
+  EXPECT_EQ(a.stats().system_allocations, 2);
+  a.deallocate(same, 2000);
+}
+
 TEST(CachingHostAllocator, EmptyCacheReturnsMemory) {
   CachingHostAllocator a;
   std::vector<void*> blocks;

@@ -157,42 +157,53 @@ TEST_F(CudaAttention, OtherHeadSizesAndFp32RunTheComposite) {
   EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0);
 }
 
-// scale_masked_softmax on the GPU against the separate GPU ops (mul, masked_fill, softmax and their backward): the
-// values and the gradient bit for bit (Note [fused scale, mask and softmax]), with the causal mask and a broadcast
-// random one, in fp32, bf16 and fp16.
+// scale_masked_softmax on the GPU against the separate GPU ops (mul or div, masked_fill, softmax and their
+// backward): the values and the gradient bit for bit (Note [fused scale, mask and softmax]), each form (0 mul, mask,
+// softmax; 1 div, mask, softmax; 2 mul, softmax; 3 mask, softmax), an inexact scale, the causal mask, a broadcast
+// random one and one broadcast along the rows (stride 0 in a row), in fp64, fp32, bf16 and fp16.
 template <class T>
-void scale_masked_softmax_equals_the_separate_ops(const tg::Shape& shape, const tg::Tensor<std::uint8_t>& mask_h, double fill) {
+void scale_masked_softmax_equals_the_separate_ops(const tg::Shape& shape, const tg::Tensor<std::uint8_t>& mask_h, double fill,
+                                                  int form) {
   tg::Generator gen(13);
   const auto xh = tg::Tensor<float>::normal(shape, 0.f, 2.f, gen), uh = tg::Tensor<float>::normal(shape, 0.f, 1.f, gen);
   const auto mask = mask_h.to<tg::cuda>();
   auto xf = xh.to<T>().template to<tg::cuda>().requires_grad_();
   auto xu = xh.to<T>().template to<tg::cuda>().requires_grad_();
   const auto u = uh.to<T>().template to<tg::cuda>();
-  const auto f = tg::scale_masked_softmax(xf, 0.125, mask, fill);
-  const auto y = tg::softmax(tg::masked_fill(tg::mul(xu, 0.125), mask, fill));
+  const double scale = 1.0 / 3.0;
+  const auto s = tg::Tensor<T, tg::cuda>::full(tg::Shape(), scale);
+  const bool scaled = form != 3, masked = form != 2, divide = form == 1;
+  const auto f = tg::detail::scale_masked_softmax_at(xf, scaled ? &s : nullptr, divide, masked ? &mask : nullptr, fill);
+  tg::Tensor<T, tg::cuda> v = xu;
+  if (scaled) v = divide ? tg::div(v, scale) : tg::mul(v, scale);
+  if (masked) v = tg::masked_fill(v, mask, fill);
+  const auto y = tg::softmax(v);
   (f * u).backward(u);
   (y * u).backward(u);
   const auto fv = f.detach().template to<tg::cpu>().to_vector(), yv = y.detach().template to<tg::cpu>().to_vector();
   const auto gf = xf.grad().template to<tg::cpu>().to_vector(), gu = xu.grad().template to<tg::cpu>().to_vector();
   ASSERT_EQ(fv.size(), yv.size());
-  EXPECT_EQ(std::memcmp(fv.data(), yv.data(), fv.size() * sizeof(T)), 0) << "the values " << shape;
-  EXPECT_EQ(std::memcmp(gf.data(), gu.data(), gf.size() * sizeof(T)), 0) << "dx " << shape;
+  EXPECT_EQ(std::memcmp(fv.data(), yv.data(), fv.size() * sizeof(T)), 0) << "the values, form " << form << ' ' << shape;
+  EXPECT_EQ(std::memcmp(gf.data(), gu.data(), gf.size() * sizeof(T)), 0) << "dx, form " << form << ' ' << shape;
+}
+
+template <class T>
+void scale_masked_softmax_every_form() {
+  tg::Generator g(3);
+  const auto random = tg::Tensor<float>::uniform({1, 1, 40}, 0.f, 2.f, g).to<std::uint8_t>();  // 0 or 1
+  for (int form = 0; form < 4; ++form) {
+    scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, tg::causal_mask(40), -INFINITY, form);
+    scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, random, -30.0, form);
+    scale_masked_softmax_equals_the_separate_ops<T>({3, 40, 40}, random.reshape({40, 1}), -30.0, form);  // a row's mask: stride 0
+    scale_masked_softmax_equals_the_separate_ops<T>({3, 1100}, tg::causal_mask(1100).narrow(0, 700, 1), -INFINITY, form);
+  }
 }
 
 TEST_F(CudaAttention, ScaleMaskedSoftmaxEqualsTheSeparateOpsBitForBit) {
-  tg::Generator g(3);
-  const auto random = tg::Tensor<float>::uniform({1, 1, 40}, 0.f, 2.f, g).to<std::uint8_t>();
-  for (int t = 0; t < 3; ++t) {
-    auto run = [&](auto tag) {
-      using T = decltype(tag);
-      scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, tg::causal_mask(40), -INFINITY);
-      scale_masked_softmax_equals_the_separate_ops<T>({2, 4, 40, 40}, random, -30.0);
-      scale_masked_softmax_equals_the_separate_ops<T>({3, 1100}, tg::causal_mask(1100).narrow(0, 700, 1), -INFINITY);
-    };
-    if (t == 0) run(float{});
-    else if (t == 1) run(tg::bf16{});
-    else run(tg::fp16{});
-  }
+  scale_masked_softmax_every_form<float>();
+  scale_masked_softmax_every_form<tg::bf16>();
+  scale_masked_softmax_every_form<tg::fp16>();
+  scale_masked_softmax_every_form<double>();
 }
 
 }  // namespace

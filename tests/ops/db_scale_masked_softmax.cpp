@@ -97,8 +97,14 @@ void check_every_form() {
     const Tensor<std::uint8_t> m = Tensor<float>::uniform({5, 1, 13}, 0.f, 2.f, g).to<std::uint8_t>();  // 0 or 1
     check_against_separate_ops<T>({5, 3, 13}, tg::causal_mask(13).narrow(0, 0, 1), 0.7, -30.0, form);    // a [1,13] row
     check_against_separate_ops<T>({5, 3, 13}, m, 1.5, -30.0, form);
+    check_against_separate_ops<T>({2, 11, 11}, tg::causal_mask(11).transpose(0, 1), 0.3, -30.0, form);  // mask stride 11 in a row
   }
 }
+
+// softmax's autocast rule: storage in the compute type, fp32 math for 16-bit storage (the kernels are softmax's).
+static_assert(amp::rule_of<amp::op::scale_masked_softmax>::value == amp::Rule::fp32_math);
+static_assert(std::is_same_v<amp::kernel_math_t<amp::op::scale_masked_softmax, bf16>, amp::kernel_math_t<amp::op::softmax, bf16>>);
+static_assert(std::is_same_v<amp::kernel_math_t<amp::op::scale_masked_softmax, fp64>, double>);
 
 TEST(OpDb_scale_masked_softmax_behaviour, EqualsTheSeparateOpsBitForBit) {
   check_every_form<fp32>();

@@ -71,7 +71,8 @@ struct FusedChain {
 //   softmax(over the last dim); or two of the three (the scale and the softmax, or the mask and the softmax)
 //                                                   -> scale_masked_softmax (a hand-written attention's middle:
 //                                                      Note [fused scale, mask and softmax]; neither the scaled
-//                                                      nor the masked scores are stored)
+//                                                      nor the masked scores are stored), off the CPU only under
+//                                                      TG_FUSE_PAIRS=all until its CUDA kernels have run on a GPU
 // (The three-op pattern is a "pair" too below: its middle op reads the first's value and is read by the last.)
 // The first call (FusionScout) lists these ops beside the elementwise ones, with the same operand identities. A
 // pair is a producer and its consumer recorded one right after the other, of one dtype and device, the consumer
@@ -88,7 +89,8 @@ struct FusedChain {
 // the pair's own kernels and its one node keeps the GELU's incoming gradient alive through the linear's backward
 // (the pair's gelu node freed it first: 65 KiB more at the peak of tests/compile/test_pair_fusion.cpp's block), so
 // the CPU keeps that pair as written; TG_FUSE_PAIRS=all rewrites it there too (how the CPU tests run the GPU's
-// path). A different op, operand or an op
+// path). scale_masked_softmax is the other way round: written for the GPU but not yet run there (docs/cuda.md), a
+// GPU step keeps the three ops unless TG_FUSE_PAIRS=all. A different op, operand or an op
 // recorded between the two is an error naming it, raised before the op runs, and the signature is captured again
 // without fusion, as for chains. Reading a pending value, or the add's output before its layernorm, is an error
 // naming the pair.

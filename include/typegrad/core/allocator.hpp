@@ -26,6 +26,9 @@ class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void* allocate(std::size_t bytes) = 0;
+  /// A block of exactly the size class of `bytes`, never a larger cached one (tg::compile's arenas, whose bytes
+  /// the plan reports). Allocators without size classes serve it as allocate().
+  virtual void* allocate_exact(std::size_t bytes) { return allocate(bytes); }
   virtual void deallocate(void* ptr, std::size_t bytes) = 0;
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
@@ -49,6 +52,7 @@ class CachingHostAllocator final : public Allocator {
   CachingHostAllocator& operator=(const CachingHostAllocator&) = delete;
 
   void* allocate(std::size_t bytes) override;
+  void* allocate_exact(std::size_t bytes) override;
   void deallocate(void* ptr, std::size_t bytes) override;
   AllocatorStats stats() const override;
   void reset_peak() override;
@@ -58,6 +62,7 @@ class CachingHostAllocator final : public Allocator {
   static std::size_t round_size(std::size_t bytes);
 
  private:
+  void* allocate_from(std::size_t bytes, bool exact);
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> free_;  // block size -> block
   std::map<void*, std::size_t> oversized_;  // blocks handed out larger than their request's size class

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "typegrad/amp/rule.hpp"
 #include "typegrad/autodiff/node.hpp"
 #include "typegrad/detail/kernels/nn.hpp"
 #include "typegrad/ops/binary.hpp"
@@ -22,6 +23,9 @@
 // detail::scale_masked_softmax_at also takes a division (softmax(x / s)), no scale or no mask: the forms
 // tg::compile's rewrite of a hand-written chain (mul or div by a one-element tensor, masked_fill, softmax; Note
 // [pair rewrites]) runs as this op.
+
+// softmax's rule (its kernels, declared with softmax's in detail/kernels/nn.hpp, run softmax's row code and math).
+TG_AUTOCAST_RULE(scale_masked_softmax, fp32_math)
 
 namespace tg {
 
