@@ -64,6 +64,14 @@ int bench(const Args& a) {
   }
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.f), {.lr = 1e-4f});
   const Tensor<float> x = Tensor<float>::normal({a.B, a.S, a.C}, 0.f, 1.f, gen), y = Tensor<float>::normal({a.B, a.S, a.C}, 0.f, 1.f, gen);
+  auto finish = [&](const Tensor<T>& out) {  // every step's end: a squared-error loss, backward, AdamW
+    const Tensor<float> d = out.template to<float>() - y;
+    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return static_cast<double>(loss.item());
+  };
   auto block_step = [&] {
     std::vector<Tensor<T>> w;  // the weights in the compute type, cast first (no op between a pair's two ops)
     for (const auto& p : ps) w.push_back(p.tensor.template to<T>());
@@ -76,12 +84,7 @@ int bench(const Args& a) {
       h = tg::add(h, v);                                // add -> layernorm
       z = tg::layernorm(h, w[i + 5], w[i + 6]);
     }
-    const Tensor<float> d = z.template to<float>() - y;
-    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    return static_cast<double>(loss.item());
+    return finish(z);
   };
   auto attention_step = [&] {
     std::vector<Tensor<T>> w;
@@ -98,12 +101,7 @@ int bench(const Args& a) {
       h = tg::add(h, tg::linear(att.transpose(1, 2).reshape({a.B, a.S, a.C}), w[i + 2]));  // add -> layernorm
       z = tg::layernorm(h, w[i + 3], w[i + 4]);
     }
-    const Tensor<float> d = z.template to<float>() - y;
-    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    return static_cast<double>(loss.item());
+    return finish(z);
   };
   auto mlp_step = [&] {
     Tensor<T> h = x.to<T>();
@@ -113,12 +111,7 @@ int bench(const Args& a) {
       const Tensor<T> g = 0.5 * u * (1.0 + tg::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
       h = h + tg::matmul(g, ps[i + 2].tensor.to<T>());
     }
-    const Tensor<float> d = h.template to<float>() - y;
-    const Tensor<float> loss = tg::sum(d * d) * (1.0 / static_cast<double>(d.numel()));
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    return static_cast<double>(loss.item());
+    return finish(h);
   };
   auto step = [&] { return attention ? attention_step() : block ? block_step() : mlp_step(); };
   auto compiled = tg::compile(step, tg::CompileOptions{.verbose = false, .fuse = a.mode == "fused"});

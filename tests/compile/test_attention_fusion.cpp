@@ -16,9 +16,13 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "compile/fusion_test_util.hpp"
+
 namespace {
 
 using tg::Tensor;
+using Trained = tg::testing::FusionRun;
+using tg::testing::count;
 
 enum class Form { composite, divide, no_mask, no_scale };
 
@@ -87,42 +91,11 @@ struct Attn {
   }
 };
 
-struct Trained {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-  std::vector<std::int64_t> allocations;
-  std::vector<std::string> pairs;
-  std::vector<std::string> ops;
-  tg::capture::MemoryPlan plan;
-  std::int64_t measured_peak = 0;  // the allocator's peak over the calls from the fourth on (replays when fused)
-};
-
 template <class T>
 Trained train(Form form, bool compiled, bool fuse, int steps = 20, bool warm = false) {
   Attn<T> m(form);
   if (warm) m.step(m.input(99), m.targets(99));
-  auto c = tg::compile([&](const Tensor<float>& x, const Tensor<std::int64_t>& y) { return m.step(x, y); },
-                       tg::CompileOptions{.verbose = false, .fuse = fuse});
-  Trained r;
-  auto& a = tg::allocator<tg::cpu>();
-  for (int k = 0; k < steps; ++k) {
-    const Tensor<float> x = m.input(k);
-    const Tensor<std::int64_t> y = m.targets(k);
-    if (k == 3) a.reset_peak();
-    const std::int64_t before = a.stats().allocations;
-    r.losses.push_back(compiled ? c(x, y) : m.step(x, y));
-    r.allocations.push_back(a.stats().allocations - before);
-  }
-  r.measured_peak = a.stats().peak_bytes;
-  for (const auto& q : m.ps) r.weights.push_back(q.tensor.to_vector());
-  for (const auto& pr : c.fused_pairs()) r.pairs.push_back(pr.describe());
-  for (const auto& o : c.ops()) r.ops.push_back(o.op);
-  r.plan = c.memory_plan();
-  return r;
-}
-
-std::size_t count(const std::vector<std::string>& ops, const std::string& op) {
-  return static_cast<std::size_t>(std::count(ops.begin(), ops.end(), op));
+  return tg::testing::run_model(m, compiled, fuse, steps);
 }
 
 template <class T>
@@ -134,19 +107,11 @@ void runs_as_the_fused_op_bit_for_bit(Form form, const std::string& pattern, con
   EXPECT_EQ(count(fused.ops, "softmax"), 0u);
   EXPECT_EQ(count(fused.ops, "masked_fill"), 0u);
   for (std::size_t i = 1; i < eager.losses.size(); ++i) EXPECT_NE(eager.losses[i], eager.losses[0]);  // it trains
-  ASSERT_EQ(fused.losses.size(), eager.losses.size());
-  for (std::size_t i = 0; i < eager.losses.size(); ++i)
-    EXPECT_EQ(std::memcmp(&fused.losses[i], &eager.losses[i], sizeof(double)), 0)
-        << pattern << ' ' << dtype << ": step " << i << ": " << fused.losses[i] << " vs " << eager.losses[i];
-  for (std::size_t t = 0; t < eager.weights.size(); ++t)
-    EXPECT_EQ(std::memcmp(fused.weights[t].data(), eager.weights[t].data(), eager.weights[t].size() * sizeof(float)), 0)
-        << pattern << ' ' << dtype << ": tensor " << t;
+  tg::testing::expect_bitwise(fused, eager, pattern + ' ' + dtype);
   for (std::size_t i = 2; i < fused.allocations.size(); ++i) EXPECT_EQ(fused.allocations[i], 0) << "step " << i;
   // the fused capture's plan predicts its replays' peak (the arena is its own block, not the larger one the
   // first capture's arena left in the allocator's cache): within 5%
-  const double rel = std::abs(static_cast<double>(fused.plan.peak_bytes()) - static_cast<double>(fused.measured_peak)) /
-                     static_cast<double>(fused.measured_peak);
-  EXPECT_LE(rel, 0.05) << fused.plan.peak_bytes() << " planned, " << fused.measured_peak << " measured\n" << fused.plan.describe();
+  tg::testing::expect_plan_predicts_peak(fused);
   // neither the scaled nor the masked scores are stored: mul keeps its input (the scores) for its backward, the
   // fused op does not, so with a scale the plan is smaller than the plain compiled step's (and never larger)
   const Trained plain = train<T>(form, true, false, 4, true), warm = train<T>(form, true, true, 4, true);

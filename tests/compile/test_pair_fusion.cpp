@@ -17,9 +17,14 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
+#include "compile/fusion_test_util.hpp"
+
 namespace {
 
 using tg::Tensor;
+using Trained = tg::testing::FusionRun;
+using tg::testing::count;
+using tg::testing::expect_bitwise;
 
 /// An embedding projection, an MLP (linear, gelu_tanh, linear), dropout and a residual add, a linear, a residual
 /// add and its LayerNorm, a linear, dropout on the left of a residual add, and a head with cross-entropy.
@@ -109,55 +114,12 @@ struct DefaultPairs : FusePairsEnv {
   DefaultPairs() : FusePairsEnv(nullptr) {}
 };
 
-struct Trained {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-  std::vector<std::int64_t> allocations;
-  std::vector<std::string> pairs;
-  std::vector<std::string> ops;  // the ops the last capture recorded
-  std::size_t chains = 0;
-  tg::capture::MemoryPlan plan;
-  std::int64_t measured_peak = 0;  // the allocator's peak over the calls from the fourth on
-};
-
 /// `warm`: one eager step first (the optimizer's state exists before the capture, so two plans compare).
 template <class T>
 Trained train(bool compiled, bool fuse, int steps = 20, bool warm = false) {
   Block<T> m;
   if (warm) m.step(m.input(99), m.targets(99));
-  auto c = tg::compile([&](const Tensor<float>& x, const Tensor<std::int64_t>& y) { return m.step(x, y); },
-                       tg::CompileOptions{.verbose = false, .fuse = fuse});
-  Trained r;
-  auto& a = tg::allocator<tg::cpu>();
-  for (int k = 0; k < steps; ++k) {
-    const Tensor<float> x = m.input(k);
-    const Tensor<std::int64_t> y = m.targets(k);
-    if (k == 3) a.reset_peak();
-    const std::int64_t before = a.stats().allocations;
-    r.losses.push_back(compiled ? c(x, y) : m.step(x, y));
-    r.allocations.push_back(a.stats().allocations - before);
-  }
-  r.measured_peak = a.stats().peak_bytes;
-  for (const auto& q : m.ps) r.weights.push_back(q.tensor.to_vector());
-  for (const auto& pr : c.fused_pairs()) r.pairs.push_back(pr.describe());
-  r.chains = c.fused_chains().size();
-  for (const auto& o : c.ops()) r.ops.push_back(o.op);
-  r.plan = c.memory_plan();
-  return r;
-}
-
-void expect_bitwise(const Trained& got, const Trained& ref, const char* what) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    EXPECT_EQ(std::memcmp(&got.losses[i], &ref.losses[i], sizeof(double)), 0)
-        << what << ": step " << i << ": " << got.losses[i] << " vs " << ref.losses[i];
-  ASSERT_EQ(got.weights.size(), ref.weights.size());
-  for (std::size_t t = 0; t < ref.weights.size(); ++t)
-    EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << what << ": tensor " << t;
-}
-
-std::size_t count(const std::vector<std::string>& ops, const std::string& op) {
-  return static_cast<std::size_t>(std::count(ops.begin(), ops.end(), op));
+  return tg::testing::run_model(m, compiled, fuse, steps);
 }
 
 template <class T>
@@ -181,8 +143,7 @@ void fuses_the_pairs_bit_for_bit(const std::string& dtype) {
   // from the third call (the second captured the fused step) no allocator call
   for (std::size_t i = 2; i < fused.allocations.size(); ++i) EXPECT_EQ(fused.allocations[i], 0) << "step " << i;
   // and the fused capture's plan predicts the replays' peak within 5%
-  EXPECT_LE(std::abs(static_cast<double>(fused.plan.peak_bytes() - fused.measured_peak)), 0.05 * static_cast<double>(fused.measured_peak))
-      << fused.plan.peak_bytes() << " planned, " << fused.measured_peak << " measured\n" << fused.plan.describe();
+  tg::testing::expect_plan_predicts_peak(fused);
   // the fused step allocates no dropped-out branch: its plan is at most the plain compiled step's (both captured
   // with the optimizer's state in place)
   const Trained plain = train<T>(true, false, 4, true), warm = train<T>(true, true, 4, true);
