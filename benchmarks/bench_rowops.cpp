@@ -1,7 +1,9 @@
 // The exponential-heavy row kernels of a GPT-2 training step on the CPU, at its B=4, T=64 shapes: the
 // cross-entropy over the 50257-token vocabulary (forward: logsumexp per row; backward: the softmax minus the
 // one-hot), GELU (tanh form) forward and backward over the MLP's 256 x 3072 activations, and a softmax /
-// log_softmax over the same logits. Each reports elements per second; fp32 and bf16 storage.
+// log_softmax over the same logits, and the residual stream's row ops over 256 x 768: dropout (p = 0.1; its
+// backward is the same kernel), dropout fused with the residual add, LayerNorm, and the residual add fused with
+// LayerNorm. Each reports elements per second; fp32 and bf16 storage.
 //   bench_rowops                                  # all
 //   bench_rowops --benchmark_filter=CrossEntropy  # one kernel
 // OMP_NUM_THREADS sets the team (the kernels split rows over it), as in a training step.
@@ -12,12 +14,15 @@
 #include <vector>
 
 #include <typegrad/detail/cpu/kernels.hpp>
+#include <typegrad/ops/add_layernorm.hpp>
+#include <typegrad/ops/dropout_add.hpp>
 
 namespace {
 
 constexpr std::int64_t kTokens = 256;  // B=4 x T=64
 constexpr std::int64_t kVocab = 50257;
 constexpr std::int64_t kHidden = 3072;  // 4 x 768
+constexpr std::int64_t kWidth = 768;    // the residual stream's width
 
 template <class T>
 std::vector<T> random_values(std::int64_t n, float stddev, std::uint32_t seed) {
@@ -103,6 +108,53 @@ void BM_GeluBackward(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kHidden);
 }
 
+template <class T>
+void BM_DropoutForward(benchmark::State& state) {
+  const auto x = random_values<T>(kTokens * kWidth, 1.f, 5);
+  std::vector<T> y(x.size());
+  const tg::Shape shape{kTokens, kWidth}, strides{kWidth, 1};
+  std::uint64_t offset = 0;
+  for (auto _ : state) {
+    tg::backend::cpu::dropout_forward<T>(x.data(), strides, y.data(), shape, 1234, offset, 0.1);
+    offset += static_cast<std::uint64_t>(x.size());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kWidth);
+}
+
+template <class T>
+void BM_DropoutAddForward(benchmark::State& state) {
+  const auto x = random_values<T>(kTokens * kWidth, 1.f, 6), r = random_values<T>(kTokens * kWidth, 1.f, 7);
+  std::vector<T> out(x.size());
+  std::uint64_t offset = 0;
+  for (auto _ : state) {
+    tg::backend::cpu::dropout_add_forward<T>(x.data(), r.data(), out.data(), kTokens * kWidth, 1234, offset, 0.1);
+    offset += static_cast<std::uint64_t>(x.size());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kWidth);
+}
+
+/// LayerNorm over [kTokens, kWidth] (arg 0), or the residual add fused with it (arg 1).
+template <class T>
+void BM_LayerNormForward(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  const auto x = random_values<T>(kTokens * kWidth, 1.f, 8), r = random_values<T>(kTokens * kWidth, 1.f, 9);
+  const auto w = random_values<T>(kWidth, 1.f, 10), b = random_values<T>(kWidth, 1.f, 11);
+  std::vector<T> h(x.size()), y(x.size());
+  std::vector<tg::accum_t<T>> mean(kTokens), rstd(kTokens);
+  for (auto _ : state) {
+    if (fused)
+      tg::backend::cpu::add_layernorm_forward<T>(x.data(), r.data(), w.data(), b.data(), h.data(), y.data(), mean.data(),
+                                                 rstd.data(), kTokens, kWidth, 1e-5);
+    else
+      tg::backend::cpu::layernorm_forward<T>(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), kTokens,
+                                             kWidth, 1e-5);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * kTokens * kWidth);
+}
+
 BENCHMARK_TEMPLATE(BM_CrossEntropyForward, tg::fp32)->Name("rowops/fp32/cross_entropy_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_CrossEntropyForward, tg::bf16)->Name("rowops/bf16/cross_entropy_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_CrossEntropyBackward, tg::fp32)->Name("rowops/fp32/cross_entropy_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -114,6 +166,15 @@ BENCHMARK_TEMPLATE(BM_GeluForward, tg::fp32)->Name("rowops/fp32/gelu_fwd")->Unit
 BENCHMARK_TEMPLATE(BM_GeluForward, tg::bf16)->Name("rowops/bf16/gelu_fwd")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_GeluBackward, tg::fp32)->Name("rowops/fp32/gelu_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_GeluBackward, tg::bf16)->Name("rowops/bf16/gelu_bwd")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_TEMPLATE(BM_DropoutForward, tg::fp32)->Name("rowops/fp32/dropout")->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_DropoutForward, tg::bf16)->Name("rowops/bf16/dropout")->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_DropoutAddForward, tg::fp32)->Name("rowops/fp32/dropout_add")->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_DropoutAddForward, tg::bf16)->Name("rowops/bf16/dropout_add")->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LayerNormForward, tg::fp32)->Name("rowops/fp32/layernorm")->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LayerNormForward, tg::bf16)->Name("rowops/bf16/layernorm")->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LayerNormForward, tg::fp32)->Name("rowops/fp32/add_layernorm")->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LayerNormForward, tg::bf16)->Name("rowops/bf16/add_layernorm")->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -27,10 +27,18 @@ void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::ui
     for (std::int64_t b = i0; b < i1; b += kDropoutBlock) {
       const int m = static_cast<int>(std::min<std::int64_t>(kDropoutBlock, i1 - b));
       dropout_keep_block(seed, offset + static_cast<std::uint64_t>(b), m, pf, keep);
-      for (int j = 0; j < m; ++j) {
-        const std::int64_t i = b + j;
-        const T d = scalar_cast<T>(keep[j] ? scalar_cast<A>(r[i]) * scale : A(0));
-        out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+      if constexpr (std::is_same_v<T, A>) {
+        for (int j = 0; j < m; ++j) {
+          const std::int64_t i = b + j;
+          out[i] = x[i] + (keep[j] ? r[i] * scale : A(0));
+        }
+      } else {  // 16-bit T: one conversion per loop, so that each loop vectorizes (the same roundings)
+        alignas(64) A d[kDropoutBlock], s[kDropoutBlock];
+        for (int j = 0; j < m; ++j) d[j] = scalar_cast<A>(r[b + j]);
+        for (int j = 0; j < m; ++j) d[j] = keep[j] ? d[j] * scale : A(0);
+        for (int j = 0; j < m; ++j) d[j] = scalar_cast<A>(scalar_cast<T>(d[j]));  // the dropped-out value as T
+        for (int j = 0; j < m; ++j) s[j] = scalar_cast<A>(x[b + j]) + d[j];
+        for (int j = 0; j < m; ++j) out[b + j] = scalar_cast<T>(s[j]);
       }
     }
   });

@@ -193,6 +193,15 @@ void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std:
     for (std::int64_t b = 0; b < len; b += kDropoutBlock) {
       const int n = static_cast<int>(std::min<std::int64_t>(kDropoutBlock, len - b));
       dropout_keep_block(seed, offset + static_cast<std::uint64_t>(first + b), n, pf, keep);
+      if constexpr (!std::is_same_v<T, A>) {
+        if (ix == 1) {  // 16-bit T: one conversion per loop, so that each loop vectorizes (the same roundings)
+          alignas(64) A v[kDropoutBlock];
+          for (int i = 0; i < n; ++i) v[i] = scalar_cast<A>(px[b + i]);
+          for (int i = 0; i < n; ++i) v[i] = keep[i] ? v[i] * scale : A(0);
+          for (int i = 0; i < n; ++i) py[b + i] = scalar_cast<T>(v[i]);
+          continue;
+        }
+      }
       for (int i = 0; i < n; ++i) py[b + i] = scalar_cast<T>(keep[i] ? scalar_cast<A>(px[(b + i) * ix]) * scale : A(0));
     }
   });

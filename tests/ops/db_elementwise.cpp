@@ -601,6 +601,34 @@ TEST(OpDb_dropout_behaviour, MaskIsTheDefinitionOverBlocksAndTheCarry) {
   }
 }
 
+// The 16-bit kernels convert in loops of their own over contiguous rows (so that they vectorize): each element is
+// still the definition's value rounded as the op rounds it (dropout: the scaled value rounded to bf16 once;
+// dropout_add: that value, then the sum in fp32 rounded again), over blocks, tails and a strided input.
+TEST(OpDb_dropout_behaviour, Bf16ValuesAreTheDefinitionRoundedOnceEach) {
+  const double p = 0.23;
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  for (const std::int64_t n : {1, 17, 255, 256, 257, 700}) {
+    Generator init(static_cast<std::uint64_t>(n));
+    const Tensor<bf16> x = Tensor<float>::normal({2, n}, 0.f, 3.f, init).to<bf16>();
+    const Tensor<bf16> r = Tensor<float>::normal({2, n}, 0.f, 3.f, init).to<bf16>();
+    const Tensor<bf16> xt = x.transpose(0, 1).contiguous().transpose(0, 1);  // the same values, strided
+    Generator gen(0xb16b16ull), gen_t(0xb16b16ull), gen_add(0xb16b16ull);
+    const std::uint64_t start = gen.offset();
+    const Tensor<bf16> y = tg::dropout(x, p, gen), yt = tg::dropout(xt, p, gen_t), z = tg::dropout_add(r, x, p, gen_add);
+    const auto xv = x.to_vector(), rv = r.to_vector(), yv = y.to_vector(), ytv = yt.contiguous().to_vector(), zv = z.to_vector();
+    for (std::int64_t i = 0; i < 2 * n; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      const bool k = tg::math::dropout_keep(
+          tg::detail::uniform_from_bits(tg::detail::philox_words(gen.seed(), start + static_cast<std::uint64_t>(i))[0]), static_cast<float>(p));
+      const bf16 d(k ? static_cast<float>(xv[at]) * scale : 0.f);
+      const bf16 sum(static_cast<float>(rv[at]) + static_cast<float>(d));
+      ASSERT_EQ(yv[at].bits, d.bits) << "dropout: n " << n << ", element " << i;
+      ASSERT_EQ(ytv[at].bits, d.bits) << "dropout of a strided input: n " << n << ", element " << i;
+      ASSERT_EQ(zv[at].bits, sum.bits) << "dropout_add: n " << n << ", element " << i;
+    }
+  }
+}
+
 TEST(OpDb_dropout_behaviour, KeptFractionAndBackwardMaskMatchForward) {
   Tensor<float> x = Tensor<float>::ones({256, 256});
   x.requires_grad_();
