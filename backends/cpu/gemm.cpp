@@ -107,14 +107,18 @@ packed::GemmBlocking gemm_blocking() {
   return b;
 }
 
-/// Threads for one GEMM: 1 inside a parallel region or below ~4 MFLOP, else about one per 2 MFLOP.
+/// Threads for one GEMM: 1 inside a parallel region or below 1 MFLOP, else about one per MFLOP, at least 2.
+/// (A 1-2 MFLOP product takes some 20-40 µs on one core, a team's fork and join a few: the tiny GPT at B=1,
+/// T=16, whose products are 0.5-2 MFLOP, trained 0.81x the time per step with these bounds as with the earlier
+/// 4 MFLOP and 2 MFLOP per thread on the 2-core Zen 4 VM, 2026-12-06.) Results depend on the team size only
+/// where K is split between the threads (Note [GEMM K split]).
 int gemm_threads(std::int64_t M, std::int64_t N, std::int64_t K) {
   if (omp_in_parallel()) return 1;
   adapt_threads();  // Note [threads under contention]
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int max_threads = omp_get_max_threads();
-  if (max_threads <= 1 || flops < 4.0e6) return 1;
-  const double by_work = flops / 2.0e6;
+  if (max_threads <= 1 || flops < 1.0e6) return 1;
+  const double by_work = std::max(2.0, flops / 1.0e6);
   return by_work < max_threads ? static_cast<int>(by_work) : max_threads;
 }
 

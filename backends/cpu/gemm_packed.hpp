@@ -1087,11 +1087,16 @@ void run_into(const GemmArgs<T>& g, TC* const C, int threads) {
 // each thread's A packing: 16 alternated rounds on a Zen 4 VM, GFLOP/s, ratio 8 / 4: fp32 fc dX 194.6 /
 // 196.4, fc_proj fwd 180.8 / 190.9; bf16 377.3 / 387.9 and 388.7 / 390.1 (two earlier 8-round A/Bs
 // likewise: 4 ahead on all four, by 0.4-7%).
+// Products under kKSplitMinFlops never split K: a team takes products from 1 MFLOP on (gemm_threads), and a split
+// there would make a small model's results depend on the team size, which adapt_threads changes under load
+// (Note [threads under contention]); the products that split K are the large ones they were before.
 inline constexpr i64 kKSplitMaxPartialBytes = i64{8} << 20;
 inline constexpr int kKSplitMaxThreads = 64;
+inline constexpr double kKSplitMinFlops = 4.0e6;
 inline bool k_split_pays(const GemmBlocking& bk, i64 M, i64 N, i64 K, int threads) {
   return threads > 1 && threads <= kKSplitMaxThreads && bk.k_split_ratio > 0 && K >= bk.k_split_ratio * imax(M, N) &&
-         M * N * static_cast<i64>(sizeof(float)) <= kKSplitMaxPartialBytes && K >= 64 * threads;
+         M * N * static_cast<i64>(sizeof(float)) <= kKSplitMaxPartialBytes && K >= 64 * threads &&
+         2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= kKSplitMinFlops;
 }
 
 template <class Kr, class T>

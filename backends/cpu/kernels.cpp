@@ -243,8 +243,9 @@ int default_threads() {
 // smoothed, and sets the team to the default less that count, at least 1. It only runs where that count
 // describes our CPUs: the affinity mask holds every online CPU and no cgroup quota applies (in a container
 // pinned to some of a host's CPUs /proc/loadavg counts the whole host). GEMM results do not depend on the
-// team size; a few fp64 reductions (the global gradient norm) round differently with another team, so a
-// run that must repeat bit for bit on a busy machine pins its thread count.
+// team size except where K is split between the threads (Note [GEMM K split]), and a few fp64 reductions (the
+// global gradient norm) round differently with another team, so a run that must repeat bit for bit on a busy
+// machine pins its thread count.
 std::atomic<bool> g_auto_threads{std::getenv("OMP_NUM_THREADS") == nullptr};
 
 // The default team size, once, unless the user chose one (OMP_NUM_THREADS).

@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "scoped_env.hpp"
@@ -443,17 +444,22 @@ TEST_P(GemmByKernel, NanAndInfInAPropagateToTheirRowsOnly) {
 }
 
 TEST_P(GemmByKernel, ResultDoesNotDependOnTheThreadCount) {
-  const i64 M = 300, N = 200, K = 600;
-  std::mt19937 rng(1000);
-  Mat<float> A(M, K, 0, rng, false), B(N, K, 0, rng, false);
-  std::vector<float> c1(static_cast<std::size_t>(M * N)), c2 = c1;
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  tg::backend::cpu::gemm<float>(Trans::N, Trans::T, M, N, K, 1.f, A.v.data(), K, B.v.data(), K, 0.f, c1.data(), N);
-  omp_set_num_threads(2);
-  tg::backend::cpu::gemm<float>(Trans::N, Trans::T, M, N, K, 1.f, A.v.data(), K, B.v.data(), K, 0.f, c2.data(), N);
-  omp_set_num_threads(saved);
-  if (GetParam() != CpuIsa::reference) EXPECT_EQ(c1, c2);  // the K order per output is fixed by the blocking
+  // 300x200x600, and small products a two-thread team splits from 1 MFLOP on (a tiny GPT's at 16 tokens), those with
+  // a long K included: under 4 MFLOP K is never split between the threads (Note [GEMM K split]; a split product sums
+  // in an order of the team's).
+  for (const auto& [M, N, K] : {std::tuple<i64, i64, i64>{300, 200, 600}, {16, 384, 128}, {16, 512, 128}, {13, 200, 200},
+                                {16, 128, 512}, {13, 64, 700}}) {
+    std::mt19937 rng(1000);
+    Mat<float> A(M, K, 0, rng, false), B(N, K, 0, rng, false);
+    std::vector<float> c1(static_cast<std::size_t>(M * N)), c2 = c1;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    tg::backend::cpu::gemm<float>(Trans::N, Trans::T, M, N, K, 1.f, A.v.data(), K, B.v.data(), K, 0.f, c1.data(), N);
+    omp_set_num_threads(2);
+    tg::backend::cpu::gemm<float>(Trans::N, Trans::T, M, N, K, 1.f, A.v.data(), K, B.v.data(), K, 0.f, c2.data(), N);
+    omp_set_num_threads(saved);
+    if (GetParam() != CpuIsa::reference) EXPECT_EQ(c1, c2) << M << "x" << N << "x" << K;  // the K order per output is fixed by the blocking
+  }
 }
 
 /// Runs the OpenMP code with `n` threads for the lifetime of the guard (CTest runs with OMP_NUM_THREADS=1).
