@@ -16,7 +16,11 @@ namespace {
 
 class CachingDeviceAllocator final : public Allocator {
  public:
-  void* allocate(std::size_t bytes) override {
+  void* allocate(std::size_t bytes) override { return allocate_from(bytes, false); }
+  /// A block of the request's own size class only (Allocator::allocate_exact: a step's arena, Note [step memory
+  /// plan]), never a larger cached one.
+  void* allocate_exact(std::size_t bytes) override { return allocate_from(bytes, true); }
+  void* allocate_from(std::size_t bytes, bool exact) {
     const std::size_t size = CachingHostAllocator::round_size(bytes);
     const Key key{current_device(), backend::cuda::current_stream()};
     std::lock_guard lock(mu_);
@@ -25,7 +29,7 @@ class CachingDeviceAllocator final : public Allocator {
     void* p = nullptr;
     auto& free = free_[key];
     auto it = free.lower_bound(size);
-    if (it != free.end() && it->first <= 2 * size) {
+    if (it != free.end() && (exact ? it->first == size : it->first <= 2 * size)) {
       got = it->first;
       p = it->second;
       free.erase(it);

@@ -32,7 +32,9 @@ namespace tg::backend::cuda {
 // current GPU's architecture and both kernels are loaded at the forward's first call, so a backward never
 // meets a load failure; the result, or the failure, is cached by source and device for the process. Any
 // failure (NVRTC, the library load, the launch) is returned, not thrown: the op then runs as tensor ops, which
-// compute the same function.
+// compute the same function. sigmoid and relu have math::apply's forms (sigmoid as e^x / (1 + e^x) below 0, so it
+// does not underflow early; relu passes NaN and -0 through), as the CPU's f_sigmoid / f_relu and the tensor ops, so
+// a chain of the fusion rewrite (Note [fusion rewrites]) computes what its separate ops compute.
 
 namespace {
 
@@ -57,14 +59,14 @@ __device__ float tg_tanh(float a) { return tanhf(a); }
 __device__ double tg_tanh(double a) { return tanh(a); }
 __device__ float tg_sqrt(float a) { return sqrtf(a); }
 __device__ double tg_sqrt(double a) { return sqrt(a); }
-template <class A> __device__ A tg_sigmoid(A a) { return A(1) / (A(1) + tg_exp(-a)); }
-template <class A> __device__ A tg_relu(A a) { return a > A(0) ? a : A(0); }
+template <class A> __device__ A tg_sigmoid(A a) { if (a >= A(0)) return A(1) / (A(1) + tg_exp(-a)); const A e = tg_exp(a); return e / (A(1) + e); }
+template <class A> __device__ A tg_relu(A a) { return a < A(0) ? A(0) : a; }
 template <class A, int N> __device__ Dual<A, N> tg_exp(Dual<A, N> a) { const A e = tg_exp(a.v); return tg_chain(a, e, e); }
 template <class A, int N> __device__ Dual<A, N> tg_log(Dual<A, N> a) { return tg_chain(a, tg_log(a.v), A(1) / a.v); }
 template <class A, int N> __device__ Dual<A, N> tg_tanh(Dual<A, N> a) { const A t = tg_tanh(a.v); return tg_chain(a, t, A(1) - t * t); }
 template <class A, int N> __device__ Dual<A, N> tg_sqrt(Dual<A, N> a) { const A s = tg_sqrt(a.v); return tg_chain(a, s, A(0.5) / s); }
-template <class A, int N> __device__ Dual<A, N> tg_sigmoid(Dual<A, N> a) { const A s = A(1) / (A(1) + tg_exp(-a.v)); return tg_chain(a, s, s * (A(1) - s)); }
-template <class A, int N> __device__ Dual<A, N> tg_relu(Dual<A, N> a) { return a.v > A(0) ? a : tg_lit<Dual<A, N> >(0.0); }
+template <class A, int N> __device__ Dual<A, N> tg_sigmoid(Dual<A, N> a) { const A s = tg_sigmoid(a.v); return tg_chain(a, s, s * (A(1) - s)); }
+template <class A, int N> __device__ Dual<A, N> tg_relu(Dual<A, N> a) { if (a.v > A(0)) return a; Dual<A, N> r = tg_lit<Dual<A, N> >(0.0); r.v = tg_relu(a.v); return r; }
 __device__ void tg_offsets(const TgArgs& g, i64 i, int K, i64* off) {
   for (int k = 0; k < K; ++k) off[k] = 0;
   for (int d = (int)g.nd - 1; d >= 0; --d) {

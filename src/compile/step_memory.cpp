@@ -11,7 +11,7 @@
 namespace tg {
 namespace capture {
 namespace {
-std::size_t aligned(std::size_t bytes) { return (std::max<std::size_t>(bytes, 1) + StepMemory::kAlign - 1) / StepMemory::kAlign * StepMemory::kAlign; }
+std::size_t aligned(std::size_t bytes, std::size_t align) { return (std::max<std::size_t>(bytes, 1) + align - 1) / align * align; }
 std::string mib(std::int64_t b) {
   char s[64];
   std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1 << 20));
@@ -50,6 +50,15 @@ void StepMemory::retire() {
     now = outstanding_ == 0;
   }
   if (now) delete this;
+}
+
+void StepMemory::renew_arena() {
+  std::lock_guard lock(mu_);
+  TG_CHECK(mode_ == Mode::off, "StepMemory::renew_arena: a trace or replay is still running");
+  if (arenas_.empty() || arenas_.back()->retired) return;
+  Arena* a = arenas_.back();
+  a->retired = true;  // blocks still alive in it keep it until the last one is freed
+  if (a->live == 0) release_arena(a);
 }
 
 void StepMemory::begin_trace() {
@@ -191,13 +200,15 @@ void StepMemory::ensure_arena() {
   }
   if (!cur || cur->bytes < static_cast<std::size_t>(plan_.arena_bytes)) {
     if (cur && cur->live == 0) release_arena(cur);
-    auto* a = new Arena;
-    a->bytes = static_cast<std::size_t>(std::max<std::int64_t>(plan_.arena_bytes, 1));
+    const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(plan_.arena_bytes, 1));
     // A block of the arena's own size class: the caching allocator serves a request from a free block up to twice
     // its size, and after a capture that shrank the plan (the fused capture of Note [fusion rewrites]) the released
     // arena's block would serve the smaller one, holding bytes no replay uses and that the plan does not show.
     const std::int64_t before = base_->stats().bytes_in_use;
-    a->data = base_->allocate_exact(a->bytes);
+    void* data = base_->allocate_exact(bytes);  // first: an allocation failure leaves nothing behind
+    auto* a = new Arena;
+    a->bytes = bytes;
+    a->data = data;
     a->block_bytes = base_->stats().bytes_in_use - before;
     arenas_.push_back(a);
   }
@@ -248,7 +259,7 @@ void* StepMemory::allocate(std::size_t) { throw Error("StepMemory: storages are 
 
 void* StepMemory::allocate(std::size_t bytes, Allocator*& owner) {
   std::lock_guard lock(mu_);
-  const std::size_t need = aligned(bytes);
+  const std::size_t need = aligned(bytes, alignment());
   if (mode_ == Mode::trace) {
     void* p = base_->allocate(bytes);
     traced_.push_back({need, clock_++, -1, CachingHostAllocator::round_size(bytes)});

@@ -59,7 +59,7 @@ Outcome train(bool device, const Case& c) {
   const tg::nn::BasicGPT<tg::cuda> model(host);
   const auto ps = model.named_parameters();
   auto groups = tg::optim::default_groups(ps, 0.1f);
-  groups[0].lr_scale = 0.5f;  // the device multiplies the state's lr by each group's scale
+  groups[0].lr_scale = 0.3f;  // the device multiplies the state's lr by each group's scale (0.3: not exact in fp32)
   groups[1].lr_scale = 2.f;
   std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>> opt;
   if (c.sgd) opt = std::make_unique<tg::optim::BasicSgd<tg::cuda>>(std::move(groups), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f});
@@ -98,10 +98,11 @@ void expect_same_steps(const Case& c) {
   const Outcome got = train<Policy>(true, c), ref = train<Policy>(false, c);
   // The same kernels and the same fp64 arithmetic on both sides (the norm's chunk sums added in the same
   // order, Adam's constants from the host's bias corrections, each fp64 operation rounded on its own): equal.
+  // Bit for bit (memcmp): a step with +inf and -inf gradients has a NaN norm on both sides, and NaN == NaN is false.
+  const auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
   for (std::size_t i = 0; i < ref.losses.size(); ++i) {
-    if (std::isnan(ref.losses[i])) EXPECT_TRUE(std::isnan(got.losses[i])) << "step " << i;
-    else EXPECT_EQ(got.losses[i], ref.losses[i]) << "step " << i;
-    EXPECT_EQ(got.norms[i], ref.norms[i]) << "step " << i;
+    EXPECT_TRUE(same(got.losses[i], ref.losses[i])) << "step " << i << " loss " << got.losses[i] << " vs " << ref.losses[i];
+    EXPECT_TRUE(same(got.norms[i], ref.norms[i])) << "step " << i << " norm " << got.norms[i] << " vs " << ref.norms[i];
     EXPECT_EQ(got.skipped[i], ref.skipped[i]) << "step " << i;
     EXPECT_EQ(got.opt_lrs[i], ref.opt_lrs[i]) << "step " << i;
     EXPECT_EQ(got.reads[i], 1) << "step " << i << ": the device boundary reads the device once per step";

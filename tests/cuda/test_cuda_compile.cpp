@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <typegrad/amp/amp.hpp>
@@ -38,8 +39,9 @@ struct Outcome {
   std::int64_t captures = 0, replays = 0;
 };
 
+/// `switch_streams`: steps 4-6 run on a side stream (a StreamGuard), the others on the default stream.
 template <class Policy>
-Outcome train(bool compiled) {
+Outcome train(bool compiled, bool switch_streams = false) {
   tg::Generator init(3), drop(4);
   const tg::nn::GPT host(kConfig, init);
   const tg::nn::BasicGPT<tg::cuda> model(host);
@@ -53,11 +55,15 @@ Outcome train(bool compiled) {
   c.set_parameters(ps);
   Outcome out;
   auto& a = tg::allocator<tg::cuda>();
+  tg::backend::cuda::Stream side;
   for (int i = 0; i < 10; ++i) {
+    std::optional<tg::backend::cuda::StreamGuard> on;
+    if (switch_streams && i >= 4 && i <= 6) on.emplace(side);
     const std::int64_t before = a.stats().allocations;
     out.losses.push_back((compiled ? c() : one()).loss);
     out.allocations.push_back(a.stats().allocations - before);
   }
+  tg::backend::cuda::synchronize();
   for (const auto& p : ps) out.weights.push_back(p.tensor.detach().template to<tg::cpu>().to_vector());
   out.captures = c.captures();
   out.replays = c.replays();
@@ -77,6 +83,18 @@ void expect_bitwise() {
 }
 
 TEST(CudaCompile, EqualsEagerBitwiseFp32) { expect_bitwise<tg::amp::fp32_policy>(); }
+
+// Note [compiled steps], streams: a call on another stream waits for the device and takes a new arena there, so the
+// replays on the side stream and back on the default one give the eager step's results.
+TEST(CudaCompile, ACallOnAnotherStreamGivesTheSameSteps) {
+  TG_SKIP_WITHOUT_GPU();
+  const Outcome got = train<tg::amp::fp32_policy>(true, true), ref = train<tg::amp::fp32_policy>(false);
+  EXPECT_EQ(got.captures, 1);
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) EXPECT_EQ(got.losses[i], ref.losses[i]) << "step " << i;
+  for (std::size_t t = 0; t < ref.weights.size(); ++t)
+    EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << "tensor " << t;
+  for (int i : {5, 6, 8, 9}) EXPECT_EQ(got.allocations[static_cast<std::size_t>(i)], 0) << "step " << i << " called the CUDA allocator";
+}
 TEST(CudaCompile, EqualsEagerBitwiseBf16) { expect_bitwise<tg::amp::bf16_mixed>(); }
 
 }  // namespace

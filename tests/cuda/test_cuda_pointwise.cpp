@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -122,6 +123,21 @@ TEST(PointwiseCuda, NewConstantsReuseTheCompiledKernel) {
   const auto gpu = tg::pointwise(_0 * _1, h.to<tg::fp16>().to<tg::cuda>(), scale.to<tg::fp16>().to<tg::cuda>()).to<tg::cpu>().to_vector();
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t i = 0; i < cpu.size(); ++i) ASSERT_EQ(cpu[i].bits, gpu[i].bits) << "element " << i;
+}
+
+// The generated kernels' relu and sigmoid are the tensor ops' at the edges (NaN and -0 through relu, no early
+// underflow in sigmoid), so a fused chain (Note [fusion rewrites]) computes what its separate ops compute.
+TEST(PointwiseCuda, ReluAndSigmoidMatchTheTensorOpsAtTheEdges) {
+  TG_SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto x = tg::Tensor<float>::from_vector({8}, {nan, -0.f, 0.f, -3.f, 2.f, -95.f, -100.f, 40.f}).to<tg::cuda>();
+  const auto r = tg::pointwise(relu(_0), x).to<tg::cpu>().to_vector(), rt = tg::relu(x).to<tg::cpu>().to_vector();
+  const auto s = tg::pointwise(sigmoid(_0), x).to<tg::cpu>().to_vector(), st = tg::sigmoid(x).to<tg::cpu>().to_vector();
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&r[i], &rt[i], sizeof(float)), 0) << "relu, element " << i << ": " << r[i] << " vs " << rt[i];
+    if (std::isnan(st[i])) EXPECT_TRUE(std::isnan(s[i])) << "sigmoid, element " << i << ": " << s[i];  // a NaN's sign is not kept
+    else EXPECT_EQ(std::memcmp(&s[i], &st[i], sizeof(float)), 0) << "sigmoid, element " << i << ": " << s[i] << " vs " << st[i];
+  }
 }
 
 }  // namespace

@@ -152,6 +152,27 @@ TEST_F(CudaRuntime, AllocatorReusesABlockOnlyOnItsOwnStream) {
   }
 }
 
+// allocate_exact (tg::compile's arenas, Note [step memory plan]): only a cached block of the request's own size
+// class serves it, as on the CPU (CachingHostAllocator.AllocateExactTakesNoLargerCachedBlock).
+TEST_F(CudaRuntime, AllocateExactTakesNoLargerCachedBlock) {
+  auto& a = tg::allocator<tg::cuda>();
+  a.empty_cache();
+  const std::size_t big_bytes = 8 << 20, bytes = 4 << 20;
+  void* big = a.allocate(big_bytes);
+  a.deallocate(big, big_bytes);
+  const auto cached = a.stats();
+  void* exact = a.allocate_exact(bytes);  // allocate() would hand out the 8 MiB block
+  EXPECT_NE(exact, big);
+  EXPECT_EQ(a.stats().system_allocations, cached.system_allocations + 1);
+  EXPECT_EQ(a.stats().bytes_in_use, cached.bytes_in_use + static_cast<std::int64_t>(bytes));
+  a.deallocate(exact, bytes);
+  void* same = a.allocate_exact(bytes);  // its own class: the cached block
+  EXPECT_EQ(same, exact);
+  EXPECT_EQ(a.stats().system_allocations, cached.system_allocations + 1);
+  a.deallocate(same, bytes);
+  a.empty_cache();
+}
+
 TEST_F(CudaRuntime, AnEventOrdersWorkAcrossStreams) {
   cuda::Stream producer, consumer;
   cuda::Event ready, start, end;

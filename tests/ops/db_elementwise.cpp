@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/op_db.hpp"
 #include "typegrad/ops/pointwise.hpp"
@@ -409,6 +410,26 @@ OpEntry pointwise_entry() {
   return e;
 }
 TG_REGISTER_OP(pointwise_entry());
+
+// tg::pointwise's relu and sigmoid compute what the tensor ops compute at the edges: relu passes NaN and -0 through
+// (its gradient 0 at and below 0), sigmoid does not underflow early for large negative x (e^x / (1 + e^x) there).
+TEST(OpDb_pointwise_behaviour, ReluAndSigmoidMatchTheTensorOpsAtTheEdges) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor<float> x = Tensor<float>::from_vector({8}, {nan, -0.f, 0.f, -3.f, 2.f, -95.f, -100.f, 40.f});
+  x.requires_grad_();
+  const Tensor<float> r = tg::pointwise(tg::pw::relu(tg::pw::_0), x), s = tg::pointwise(tg::pw::sigmoid(tg::pw::_0), x);
+  const Tensor<float> rt = tg::relu(x.detach()), st = tg::sigmoid(x.detach());
+  const auto rv = r.to_vector(), sv = s.to_vector(), rtv = rt.to_vector(), stv = st.to_vector();
+  for (std::size_t i = 0; i < rv.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&rv[i], &rtv[i], sizeof(float)), 0) << "relu, element " << i << ": " << rv[i] << " vs " << rtv[i];
+    if (std::isnan(stv[i])) EXPECT_TRUE(std::isnan(sv[i])) << "sigmoid, element " << i << ": " << sv[i];  // a NaN's sign is not kept
+    else EXPECT_EQ(std::memcmp(&sv[i], &stv[i], sizeof(float)), 0) << "sigmoid, element " << i << ": " << sv[i] << " vs " << stv[i];
+  }
+  EXPECT_GT(sv[5], 0.f) << "sigmoid(-95) is a subnormal, not 0";
+  r.backward(Tensor<float>::ones({8}));
+  const auto g = x.grad().to_vector();
+  EXPECT_EQ(g, (std::vector<float>{0.f, 0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 1.f}));
+}
 
 // ---- pointwise_chain (Note [fusion rewrites]) ------------------------------------------------------------
 // Two programs over three inputs (c positive) that use every op a chain can hold between them, constants, an

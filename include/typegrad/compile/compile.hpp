@@ -25,6 +25,7 @@
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/core/tensor.hpp"
+#include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/optim/param.hpp"
 
 namespace tg {
@@ -51,6 +52,10 @@ namespace tg {
 // results are the eager step's bit for bit. By default the capture also looks for chains of unfused elementwise
 // ops and the next calls run each as one op (Note [fusion rewrites], compile/fusion.hpp): a signature with chains
 // is captured twice (found, then fused) before it replays. CUDA graphs are not done yet (docs/compile.md).
+// Streams (a GPU step): a replay hands out the same arena addresses on every call, which the stream's issue order
+// makes safe from one call to the next. A call on another stream than the variant's last (a StreamGuard) first
+// waits for the device (the last call's kernels may still read the arena on the other stream) and takes a new
+// arena on the new stream (StepMemory::renew_arena), so no two streams share an arena's addresses unordered.
 
 namespace capture {
 /// One op the capture saw: its name, its output's shape and dtype.
@@ -221,6 +226,15 @@ class CompiledStep {
         }
       }
     };
+    if constexpr (!std::is_same_v<D, cpu>) {  // Note [compiled steps]: streams
+      void* const stream = backend::cuda::current_stream();
+      if (v.has_stream && v.stream != stream) {
+        backend::cuda::synchronize();
+        v.memory->renew_arena();
+      }
+      v.stream = stream;
+      v.has_stream = true;
+    }
     if (capture) v.memory->begin_trace();
     else v.memory->begin_replay();
     auto finish = [&](bool threw) {
@@ -326,6 +340,8 @@ class CompiledStep {
     bool scouted = false;        // chains and pairs looked for
     bool retrace = false, eager = false;
     int divergences = 0;
+    void* stream = nullptr;  // a GPU step's stream at its last call (Note [compiled steps]: streams)
+    bool has_stream = false;
   };
   Variant& variant_for(const std::string& sig) {
     for (std::size_t i = 0; i < variants_.size(); ++i)

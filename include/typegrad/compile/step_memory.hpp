@@ -76,6 +76,10 @@ class StepMemory final : public Allocator, public AllocationOverride {
   /// Hands this object to the storages still pointing at it (it deletes itself after the last one's free).
   void retire();
 
+  /// Drops the current arena: the next replay takes a new one from the device's allocator on the then current
+  /// stream (whose free list it goes back to). For a step called on another stream than before, once the device
+  /// has finished the earlier calls' work (CompiledStep synchronizes first; Note [compiled steps]).
+  void renew_arena();
   /// Traces the calling thread's allocations on the device until end_trace().
   void begin_trace();
   MemoryPlan end_trace();
@@ -102,7 +106,11 @@ class StepMemory final : public Allocator, public AllocationOverride {
   // AllocationOverride (the request side).
   void* allocate(std::size_t bytes, Allocator*& owner) override;
 
-  static constexpr std::size_t kAlign = 64;
+  /// The alignment of each block in the arena: 64 bytes on the CPU (a cache line, an AVX-512 vector), 256 on a GPU
+  /// (what cudaMalloc gives the eager step's blocks: cuBLASLt chooses its algorithm by the operands' alignment, so a
+  /// replay's blocks must be aligned as the eager step's for its GEMMs to run the same algorithms).
+  static constexpr std::size_t kAlign = 64, kDeviceAlign = 256;
+  std::size_t alignment() const { return device_ == DeviceKind::cpu ? kAlign : kDeviceAlign; }
 
  private:
   StepMemory(Allocator& base, DeviceKind device) : base_(&base), device_(device) {}

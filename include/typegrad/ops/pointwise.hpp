@@ -135,20 +135,23 @@ S f_sqrt(const S& a) {
   }
 }
 template <class S>
-S f_sigmoid(const S& a) {
-  if constexpr (std::is_floating_point_v<S>) return S(1) / (S(1) + std::exp(-a));
+S f_sigmoid(const S& a) {  // math::sigmoid's form (e^x / (1 + e^x) below 0: no early underflow), as the tensor op
+  if constexpr (std::is_floating_point_v<S>) return math::sigmoid(a);
   else {
     using T = decltype(a.v);
-    const T s = T(1) / (T(1) + std::exp(-a.v));
+    const T s = math::sigmoid(a.v);
     return chain(a, s, s * (T(1) - s));
   }
 }
 template <class S>
-S f_relu(const S& a) {  // the derivative at 0 is taken as 0, as relu's
-  if constexpr (std::is_floating_point_v<S>) return a > S(0) ? a : S(0);
+S f_relu(const S& a) {  // the tensor op's value (NaN and -0 pass through); the derivative at 0 is taken as 0, as relu's
+  if constexpr (std::is_floating_point_v<S>) return a < S(0) ? S(0) : a;
   else {
     using T = decltype(a.v);
-    return a.v > T(0) ? a : lift<S>(0.0);
+    if (a.v > T(0)) return a;
+    S r = lift<S>(0.0);
+    r.v = a.v < T(0) ? T(0) : a.v;
+    return r;
   }
 }
 
