@@ -1,5 +1,6 @@
 // Row kernels of the nn ops on the GPU: softmax / log_softmax, layernorm / rmsnorm (forward and backward),
-// embedding, cross-entropy. One block per row of a contiguous [rows, n] block, math in accum_t<T> (fp32 for
+// embedding, cross-entropy. One block per row of a contiguous [rows, n] block (a warp per row for the norms'
+// forward over rows of whole 16-byte packs: norm_forward.cuh; their backward: Note [one-pass norm backward]), math in accum_t<T> (fp32 for
 // 16-bit storage) with the CPU kernels' formulas (backends/cpu/nn.cpp); block reductions in a fixed order.
 // Column sums (dweight, dbias, embedding rows) are two-pass or per-row loops without atomics, so every
 // result is deterministic. Kernels first, launchers after.
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "norm_forward.cuh"
 #include "typegrad/detail/cuda/kernels.hpp"
 
 namespace tg::backend::cuda {
@@ -582,6 +584,10 @@ template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mean, accum_t<T>* rstd,
                        std::int64_t rows, std::int64_t n, double eps) {
   if (rows * n == 0) return;
+  if (detail::norm_rows_in_packs<T>(n, {x, w, b, y})) {  // Note [norm forward in packs]
+    detail::launch_norm_forward_packed<T, false>(x, nullptr, true, w, b, nullptr, y, mean, rstd, rows, n, eps);
+    return;
+  }
   norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, b, y, mean, rstd, rows, n,
                                                                        static_cast<acc_t<T>>(eps));
   TG_CUDA_LAUNCHED();
@@ -590,6 +596,10 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, accum_t<T>* mea
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, accum_t<T>* rstd, std::int64_t rows, std::int64_t n, double eps) {
   if (rows * n == 0) return;
+  if (detail::norm_rows_in_packs<T>(n, {x, w, y})) {  // Note [norm forward in packs]
+    detail::launch_norm_forward_packed<T, false>(x, nullptr, true, w, nullptr, nullptr, y, nullptr, rstd, rows, n, eps);
+    return;
+  }
   norm_forward_kernel<T><<<row_blocks(rows), detail::row_threads(n), 0, detail::stream()>>>(x, w, nullptr, y, nullptr, rstd, rows, n,
                                                                        static_cast<acc_t<T>>(eps));
   TG_CUDA_LAUNCHED();

@@ -29,7 +29,9 @@ OpEntry add_layernorm_entry() {
       .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{2, 3, 5}}, {{5}, 0.5, 1.5}, {{5}, -1.0, 1.0, L::strided}}, {}, {1e-5})
       .sample("transposed_branch", {{{6, 5}}, {{6, 5}, L::transposed}, {{5}, 0.5, 1.5}, {{5}}}, {}, {1e-3})
       .sample("one_row_offset", {{{1, 9}, 3.0, 5.0}, {{1, 9}, 1.0, 2.0}, {{9}, 0.5, 1.5}, {{9}}}, {}, {1e-5})
-      .sample("parallel", {{{40, 520}}, {{40, 520}}, {{520}, 0.5, 1.5}, {{520}}}, {}, {1e-5});  // > 2^14: OpenMP rows
+      .sample("parallel", {{{40, 520}}, {{40, 520}}, {{520}, 0.5, 1.5}, {{520}}}, {}, {1e-5})  // > 2^14: OpenMP rows
+      // rows of at least one 16-byte pack per lane: the GPU's warp-per-row kernel (Note [norm forward in packs])
+      .sample("packed_rows", {{{3, 256}}, {{3, 256}}, {{256}, 0.5, 1.5}, {{256}}}, {}, {1e-5});
   e.reference([](const X& x, const I&, const Sample& s) {
     const std::int64_t n = x[0].shape()[x[0].dim() - 1], rows = x[0].numel() / n;
     const std::vector<double> a = values(x[0]), b = values(x[1]), w = values(x[2]), c = values(x[3]);

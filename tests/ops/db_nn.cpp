@@ -282,7 +282,9 @@ OpEntry layernorm_entry() {
       .sample("one_row_offset", {{{1, 9}, 3.0, 5.0}, {{9}, 0.5, 1.5}, {{9}}}, {}, {1e-5})  // mean far from 0
       // rows of whole 16-byte packs: the GPU's one-pass backward (Note [one-pass norm backward]), rows over
       // several warps and blocks
-      .sample("aligned_rows", {{{2, 19, 64}}, {{64}, 0.5, 1.5}, {{64}}}, {}, {1e-5});
+      .sample("aligned_rows", {{{2, 19, 64}}, {{64}, 0.5, 1.5}, {{64}}}, {}, {1e-5})
+      // rows of at least one 16-byte pack per lane: the GPU's warp-per-row forward (Note [norm forward in packs])
+      .sample("packed_rows", {{{3, 256}}, {{256}, 0.5, 1.5}, {{256}}}, {}, {1e-5});
   e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, false, s.args[0]); });
   e.error("weight", [] { tg::layernorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({7}), Tensor<float>::zeros({8})); },
           "layernorm: weight must be [8] (the last dim of x [4,8]), got [7]");
@@ -296,7 +298,8 @@ OpEntry rmsnorm_entry() {
   e.sample("rows", {{{4, 7}}, {{7}, 0.5, 1.5}}, {}, {1e-6})
       .sample("rank3_strided", {{{2, 3, 5}, L::strided}, {{5}, 0.5, 1.5}}, {}, {1e-6})
       .sample("size_one", {{{3, 1}, 0.5, 2.0}, {{1}, 0.5, 1.5}}, {}, {1e-3})
-      .sample("aligned_rows", {{{21, 32}}, {{32}, 0.5, 1.5}}, {}, {1e-6});  // the GPU's one-pass backward
+      .sample("aligned_rows", {{{21, 32}}, {{32}, 0.5, 1.5}}, {}, {1e-6})  // the GPU's one-pass backward
+      .sample("packed_rows", {{{3, 256}}, {{256}, 0.5, 1.5}}, {}, {1e-6});  // its warp-per-row forward
   e.reference([](const X& x, const I&, const Sample& s) { return ref_norm(x, true, s.args[0]); });
   e.error("weight", [] { tg::rmsnorm(Tensor<float>::zeros({4, 8}), Tensor<float>::zeros({8, 1})); },
           "rmsnorm: weight must be [8] (the last dim of x [4,8]), got [8,1]");

@@ -1,0 +1,98 @@
+// The GPU's LayerNorm forward kernels (Note [norm forward in packs]): add_layernorm equals `add` then `layernorm` on
+// the GPU bit for bit, forward and every gradient, on rows that take the warp-per-row kernel (whole 16-byte packs,
+// with x and r read in packs or, from a misaligned view, element by element) and on rows that take the
+// block-per-row kernels. The op database's CPU-vs-CUDA entries (`packed_rows` samples) compare each kernel with the
+// CPU. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <typegrad/ops/add_layernorm.hpp>
+#include <typegrad/typegrad.hpp>
+
+#include "cuda/gpu_skip.hpp"
+
+namespace {
+
+template <class T>
+tg::Tensor<T, tg::cuda> leaf(const tg::Tensor<float>& host) {
+  tg::Tensor<T, tg::cuda> t = host.to<T>().template to<tg::cuda>();
+  t.requires_grad_();
+  return t;
+}
+
+/// rows x n values on the GPU as a contiguous view starting one element into its storage (a misaligned pointer).
+template <class T>
+tg::Tensor<T, tg::cuda> misaligned_leaf(const tg::Tensor<float>& host) {
+  const std::int64_t count = host.numel();
+  tg::Tensor<float> wide = tg::Tensor<float>::zeros({count + 1});
+  std::memcpy(wide.data() + 1, host.contiguous().data(), static_cast<std::size_t>(count) * sizeof(float));
+  tg::Tensor<T, tg::cuda> t = wide.to<T>().template to<tg::cuda>().narrow(0, 1, count).view(host.shape());
+  t.requires_grad_();
+  return t;
+}
+
+template <class T>
+bool same_bits(const tg::Tensor<T, tg::cuda>& a, const tg::Tensor<T, tg::cuda>& b) {
+  const auto av = a.detach().template to<tg::cpu>().contiguous().to_vector();
+  const auto bv = b.detach().template to<tg::cpu>().contiguous().to_vector();
+  return av.size() == bv.size() && std::memcmp(av.data(), bv.data(), av.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+void check_against_unfused(std::int64_t rows, std::int64_t n, bool misaligned_x) {
+  tg::Generator gen(7);
+  const auto x0 = tg::Tensor<float>::normal({rows, n}, 0.f, 1.f, gen), r0 = tg::Tensor<float>::normal({rows, n}, 0.f, 1.f, gen);
+  const auto w0 = tg::Tensor<float>::normal({n}, 1.f, 0.2f, gen), b0 = tg::Tensor<float>::normal({n}, 0.f, 0.2f, gen);
+  const auto u0 = tg::Tensor<float>::normal({rows, n}, 0.f, 1.f, gen);
+  auto xf = misaligned_x ? misaligned_leaf<T>(x0) : leaf<T>(x0), xu = misaligned_x ? misaligned_leaf<T>(x0) : leaf<T>(x0);
+  auto rf = leaf<T>(r0), ru = leaf<T>(r0), wf = leaf<T>(w0), wu = leaf<T>(w0), bf = leaf<T>(b0), bu = leaf<T>(b0);
+  const auto u = u0.to<T>().template to<tg::cuda>();
+  const auto f = tg::add_layernorm(xf, rf, wf, bf);
+  const auto hu = tg::add(xu, ru), yu = tg::layernorm(hu, wu, bu);
+  const std::string what = std::string(tg::dtype_traits<T>::name) + " [" + std::to_string(rows) + "," + std::to_string(n) + "]" +
+                           (misaligned_x ? " misaligned x" : "");
+  EXPECT_TRUE(same_bits(f.sum, hu)) << "the sum, " << what;
+  EXPECT_TRUE(same_bits(f.out, yu)) << "the LayerNorm, " << what;
+  tg::add(f.sum, f.out * u).backward(u);
+  tg::add(hu, yu * u).backward(u);
+  EXPECT_TRUE(same_bits(xf.grad(), xu.grad())) << "dx, " << what;
+  EXPECT_TRUE(same_bits(rf.grad(), ru.grad())) << "dbranch, " << what;
+  EXPECT_TRUE(same_bits(wf.grad(), wu.grad())) << "dweight, " << what;
+  EXPECT_TRUE(same_bits(bf.grad(), bu.grad())) << "dbias, " << what;
+}
+
+TEST(CudaNorm, AddLayerNormEqualsAddThenLayerNormBitForBit) {
+  TG_SKIP_WITHOUT_GPU();
+  for (const bool misaligned : {false, true}) {
+    check_against_unfused<float>(64, 768, misaligned);  // packed rows (GPT-2's width)
+    check_against_unfused<tg::bf16>(64, 768, misaligned);
+    check_against_unfused<tg::fp16>(5, 256, misaligned);  // one pack per lane
+    check_against_unfused<double>(3, 128, misaligned);
+  }
+  check_against_unfused<float>(6, 37, false);      // the block-per-row kernels
+  check_against_unfused<tg::bf16>(9, 128, false);  // under one bf16 pack per lane: the block-per-row kernels
+}
+
+// The packed forward against the block-per-row one on the same values (a misaligned output forces the latter):
+// the same function, in another summation order.
+TEST(CudaNorm, PackedForwardAgreesWithTheBlockKernel) {
+  TG_SKIP_WITHOUT_GPU();
+  tg::Generator gen(11);
+  const auto x0 = tg::Tensor<float>::normal({33, 768}, 0.5f, 2.f, gen), w0 = tg::Tensor<float>::normal({768}, 1.f, 0.2f, gen),
+             b0 = tg::Tensor<float>::normal({768}, 0.f, 0.2f, gen);
+  const auto x = x0.to<tg::cuda>(), xm = misaligned_leaf<float>(x0).detach();
+  const auto w = w0.to<tg::cuda>(), b = b0.to<tg::cuda>();
+  const auto packed = tg::layernorm(x, w, b).to<tg::cpu>().to_vector(), block = tg::layernorm(xm, w, b).to<tg::cpu>().to_vector();
+  const auto ref = tg::layernorm(x0, w0, b0).to_vector();
+  ASSERT_EQ(packed.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(packed[i], ref[i], 2e-5f * (1.f + std::abs(ref[i]))) << "packed, element " << i;
+    EXPECT_NEAR(block[i], ref[i], 2e-5f * (1.f + std::abs(ref[i]))) << "block, element " << i;
+  }
+}
+
+}  // namespace
