@@ -24,6 +24,7 @@ namespace {
 int device_count() { return 0; }
 std::string device_description() { return "no CUDA backend in this build"; }
 void set_device(int) { no_backend("set_device"); }
+int current_device() { no_backend("current_device"); }
 void copy_host_to_device(void*, const void*, std::size_t) { no_backend("copy_host_to_device"); }
 std::string pointwise_source(DType, int, const std::string&) { no_backend("pointwise_source"); }
 std::string pointwise_ptx(const std::string&) { no_backend("pointwise_ptx"); }

@@ -84,13 +84,20 @@ inline int row_threads(std::int64_t n) {
 
 /// Device scratch memory from the caching allocator, returned when the scope ends. Kernels using it are
 /// ordered on the current stream, and the block returns to that stream's free list, so when it is handed out
-/// again it is only touched after the earlier kernels (Note [CUDA streams]).
+/// again it is only touched after the earlier kernels (Note [CUDA streams]). Inside a compiled step it is
+/// planned and served like a tensor's storage (the allocation override, Note [step memory plan]): a replay
+/// makes no allocator call for its scratch either.
 class Workspace {
  public:
   explicit Workspace(std::size_t bytes) : bytes_(std::max<std::size_t>(bytes, 1)) {
-    ptr_ = allocator<::tg::cuda>().allocate(bytes_);
+    if (AllocationOverride* o = ::tg::detail::allocation_override(DeviceKind::cuda)) {
+      ptr_ = o->allocate(bytes_, owner_);
+    } else {
+      owner_ = &allocator<::tg::cuda>();
+      ptr_ = owner_->allocate(bytes_);
+    }
   }
-  ~Workspace() { allocator<::tg::cuda>().deallocate(ptr_, bytes_); }
+  ~Workspace() { owner_->deallocate(ptr_, bytes_); }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
   template <class X>
@@ -101,6 +108,7 @@ class Workspace {
  private:
   std::size_t bytes_;
   void* ptr_;
+  Allocator* owner_ = nullptr;  // what frees it: the device's allocator, or the step memory that served it
 };
 
 /// Host data uploaded to a device workspace (complete on return: the host buffer may die afterwards).

@@ -31,6 +31,12 @@ void set_device(int index) {
   TG_CUDA_CHECK(cudaSetDevice(index));
 }
 
+int current_device() {
+  int d = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
 std::string device_description() {
   int n = 0;
   const cudaError_t st = cudaGetDeviceCount(&n);

@@ -77,22 +77,38 @@ TEST(CudaNorm, AddLayerNormEqualsAddThenLayerNormBitForBit) {
   check_against_unfused<tg::bf16>(9, 128, false);  // under one bf16 pack per lane: the block-per-row kernels
 }
 
-// The packed forward against the block-per-row one on the same values (a misaligned output forces the latter):
-// the same function, in another summation order.
-TEST(CudaNorm, PackedForwardAgreesWithTheBlockKernel) {
-  TG_SKIP_WITHOUT_GPU();
+// The packed forward and the block-per-row one (a misaligned input forces the latter) against the CPU in fp64, for
+// LayerNorm and RMSNorm in every precision: the same function, each in its own summation order.
+template <class T>
+void check_packed_and_block(std::int64_t rows, std::int64_t n, double tol) {
   tg::Generator gen(11);
-  const auto x0 = tg::Tensor<float>::normal({33, 768}, 0.5f, 2.f, gen), w0 = tg::Tensor<float>::normal({768}, 1.f, 0.2f, gen),
-             b0 = tg::Tensor<float>::normal({768}, 0.f, 0.2f, gen);
-  const auto x = x0.to<tg::cuda>(), xm = misaligned_leaf<float>(x0).detach();
-  const auto w = w0.to<tg::cuda>(), b = b0.to<tg::cuda>();
-  const auto packed = tg::layernorm(x, w, b).to<tg::cpu>().to_vector(), block = tg::layernorm(xm, w, b).to<tg::cpu>().to_vector();
-  const auto ref = tg::layernorm(x0, w0, b0).to_vector();
-  ASSERT_EQ(packed.size(), ref.size());
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_NEAR(packed[i], ref[i], 2e-5f * (1.f + std::abs(ref[i]))) << "packed, element " << i;
-    EXPECT_NEAR(block[i], ref[i], 2e-5f * (1.f + std::abs(ref[i]))) << "block, element " << i;
+  const auto x0 = tg::Tensor<float>::normal({rows, n}, 0.5f, 2.f, gen), w0 = tg::Tensor<float>::normal({n}, 1.f, 0.2f, gen),
+             b0 = tg::Tensor<float>::normal({n}, 0.f, 0.2f, gen);
+  const auto x = x0.to<T>().template to<tg::cuda>(), xm = misaligned_leaf<T>(x0).detach();
+  const auto w = w0.to<T>().template to<tg::cuda>(), b = b0.to<T>().template to<tg::cuda>();
+  // the reference: the same (rounded) values through the CPU op in fp64
+  const auto x64 = x0.to<T>().template to<double>(), w64 = w0.to<T>().template to<double>(), b64 = b0.to<T>().template to<double>();
+  const std::string what = std::string(tg::dtype_traits<T>::name) + " [" + std::to_string(rows) + "," + std::to_string(n) + "]";
+  for (const bool rms : {false, true}) {
+    const auto run = [&](const tg::Tensor<T, tg::cuda>& in) {
+      return (rms ? tg::rmsnorm(in, w) : tg::layernorm(in, w, b)).template to<tg::cpu>().template to<double>().to_vector();
+    };
+    const auto packed = run(x), block = run(xm);
+    const auto ref = (rms ? tg::rmsnorm(x64, w64) : tg::layernorm(x64, w64, b64)).to_vector();
+    ASSERT_EQ(packed.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(packed[i], ref[i], tol * (1.0 + std::abs(ref[i]))) << (rms ? "rmsnorm" : "layernorm") << " packed, " << what << ", element " << i;
+      ASSERT_NEAR(block[i], ref[i], tol * (1.0 + std::abs(ref[i]))) << (rms ? "rmsnorm" : "layernorm") << " block, " << what << ", element " << i;
+    }
   }
+}
+
+TEST(CudaNorm, PackedForwardAgreesWithTheBlockKernelAndTheCpu) {
+  TG_SKIP_WITHOUT_GPU();
+  check_packed_and_block<float>(33, 768, 2e-5);
+  check_packed_and_block<double>(7, 128, 1e-12);
+  check_packed_and_block<tg::bf16>(33, 768, 1e-2);  // one rounding of the output to bf16
+  check_packed_and_block<tg::fp16>(9, 256, 2e-3);
 }
 
 }  // namespace

@@ -53,9 +53,10 @@ namespace tg {
 // ops and the next calls run each as one op (Note [fusion rewrites], compile/fusion.hpp): a signature with chains
 // is captured twice (found, then fused) before it replays. CUDA graphs are not done yet (docs/compile.md).
 // Streams (a GPU step): a replay hands out the same arena addresses on every call, which the stream's issue order
-// makes safe from one call to the next. A call on another stream than the variant's last (a StreamGuard) first
-// waits for the device (the last call's kernels may still read the arena on the other stream) and takes a new
-// arena on the new stream (StepMemory::renew_arena), so no two streams share an arena's addresses unordered.
+// makes safe from one call to the next. A call on another stream or device than the variant's last (a
+// StreamGuard, set_device) first waits for the last call's device (its kernels may still read the arena on the
+// other stream) and takes a new arena on the new stream and device (StepMemory::renew_arena), so no two streams
+// share an arena's addresses unordered. The backend's scratch memory (Workspace) is planned like storages.
 
 namespace capture {
 /// One op the capture saw: its name, its output's shape and dtype.
@@ -226,12 +227,25 @@ class CompiledStep {
         }
       }
     };
-    if constexpr (!std::is_same_v<D, cpu>) {  // Note [compiled steps]: streams
+    if constexpr (!std::is_same_v<D, cpu>) {  // Note [compiled steps]: streams and devices
+      const int device = backend::cuda::current_device();
       void* const stream = backend::cuda::current_stream();
-      if (v.has_stream && v.stream != stream) {
-        backend::cuda::synchronize();
+      if (v.has_stream && (v.device != device || v.stream != stream)) {
+        if (v.device != device) {  // the last call's device finishes its work
+          backend::cuda::set_device(v.device);
+          try {
+            backend::cuda::synchronize();
+          } catch (...) {
+            backend::cuda::set_device(device);
+            throw;
+          }
+          backend::cuda::set_device(device);
+        } else {
+          backend::cuda::synchronize();
+        }
         v.memory->renew_arena();
       }
+      v.device = device;
       v.stream = stream;
       v.has_stream = true;
     }
@@ -340,7 +354,8 @@ class CompiledStep {
     bool scouted = false;        // chains and pairs looked for
     bool retrace = false, eager = false;
     int divergences = 0;
-    void* stream = nullptr;  // a GPU step's stream at its last call (Note [compiled steps]: streams)
+    int device = 0;          // a GPU step's device and stream at its last call (Note [compiled steps]: streams)
+    void* stream = nullptr;
     bool has_stream = false;
   };
   Variant& variant_for(const std::string& sig) {

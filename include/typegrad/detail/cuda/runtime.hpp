@@ -24,6 +24,8 @@ std::string device_description();
 /// Makes device `index` (0 .. device_count()-1) the calling thread's current device (cudaSetDevice): a
 /// data-parallel rank picks its GPU before anything is allocated.
 void set_device(int index);
+/// The calling thread's current device (cudaGetDevice).
+int current_device();
 
 // Note [CUDA streams]
 // Every kernel, cuBLAS(Lt) call, memset and copy of the backend is issued on the calling thread's current
