@@ -1,6 +1,7 @@
 // The fused causal attention on the GPU against the composite, forward + backward (Note [flash attention on
-// the GPU] in backends/cuda/flash_attention.cu): causal_attention on (B, H, T, D) tensors, the two paths
-// alternated round by round (set_flash_attention), the median of each. benchmarks/torch_sdpa_cuda.py times
+// the GPU] in backends/cuda/flash_attention.cu): causal_attention on (B, H, T, D) tensors, the WMMA-tile
+// kernels, the register-resident kernels (Note [flash attention in registers]) and the composite alternated
+// round by round (set_flash_attention, set_flash_attention_kernels), the median of each. benchmarks/torch_sdpa_cuda.py times
 // PyTorch's scaled_dot_product_attention on the same shapes; scripts/gpu-check.sh runs both.
 //   bench_cuda_attention --precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <typegrad/detail/cuda/attention.hpp>
 #include <typegrad/typegrad.hpp>
 
 namespace {
@@ -69,26 +71,32 @@ int run(const Args& a) {
     k.zero_grad();
     v.zero_grad();
   };
-  auto time_ms = [&](bool fused) {
-    tg::backend::cuda::set_flash_attention(fused);
+  using tg::backend::cuda::FlashKernels;
+  const FlashKernels chosen = tg::backend::cuda::flash_attention_kernels();  // what training runs
+  bool fused_ran[3] = {true, true, true};  // a set whose kernels do not fit the device runs the composite
+  auto time_ms = [&](int path) {  // 0 composite, 1 WMMA tiles, 2 registers
+    tg::backend::cuda::set_flash_attention(path != 0);
+    if (path != 0) tg::backend::cuda::set_flash_attention_kernels(path == 1 ? FlashKernels::tiles : FlashKernels::registers);
+    const std::int64_t calls = tg::backend::cuda::flash_attention_calls();
     once();  // warm-up (and the fused kernels' shared-memory attribute)
     tg::backend::cuda::synchronize();
+    if (path != 0 && tg::backend::cuda::flash_attention_calls() != calls + 2) fused_ran[path] = false;
     const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < a.reps; ++r) once();
     tg::backend::cuda::synchronize();
     return 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.reps;
   };
-  std::vector<double> fused, composite;
-  for (int r = 0; r < a.rounds; ++r) {
-    fused.push_back(time_ms(true));
-    composite.push_back(time_ms(false));
-  }
+  std::vector<double> times[3];
+  for (int r = 0; r < a.rounds; ++r)
+    for (int path : {1, 2, 0}) times[path].push_back(time_ms(path));
   tg::backend::cuda::set_flash_attention(true);
+  tg::backend::cuda::set_flash_attention_kernels(chosen);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double f = median(fused), c = median(composite);
+  const double c = median(times[0]), t = median(times[1]), g = median(times[2]);
+  const double f = chosen == FlashKernels::registers ? g : t;
   // causal: half of the 4·B·H·T²·D forward FLOPs, backward 2.5x the forward
   const double flops = 3.5 * 2.0 * static_cast<double>(a.batch * a.heads) * static_cast<double>(a.seq * a.seq) *
                        static_cast<double>(a.head_size);
@@ -96,9 +104,15 @@ int run(const Args& a) {
   std::printf("shape      %s B=%lld H=%lld T=%lld D=%lld, causal, forward + backward, %d rounds of %d\n",
               a.precision.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
               static_cast<long long>(a.seq), static_cast<long long>(a.head_size), a.rounds, a.reps);
-  std::printf("fused      %.3f ms (%.1f TFLOP/s)\n", f, flops / (f * 1e-3) / 1e12);
+  auto note = [&](int path, FlashKernels k) {
+    std::string n = fused_ran[path] ? "" : "  (NOT FUSED: the kernels do not fit this device; the composite ran)";
+    if (chosen == k) n += "  (the process's choice)";
+    return n;
+  };
+  std::printf("tiles      %.3f ms (%.1f TFLOP/s)%s\n", t, flops / (t * 1e-3) / 1e12, note(1, FlashKernels::tiles).c_str());
+  std::printf("registers  %.3f ms (%.1f TFLOP/s)%s\n", g, flops / (g * 1e-3) / 1e12, note(2, FlashKernels::registers).c_str());
   std::printf("composite  %.3f ms (%.1f TFLOP/s)\n", c, flops / (c * 1e-3) / 1e12);
-  std::printf("RESULT fused_ms=%.3f composite_ms=%.3f\n", f, c);
+  std::printf("RESULT fused_ms=%.3f tiles_ms=%.3f registers_ms=%.3f composite_ms=%.3f\n", f, t, g, c);
   return 0;
 }
 

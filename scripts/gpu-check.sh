@@ -142,11 +142,14 @@ fi  # TG_GPU_PREBUILT
 # Counted from gtest's per-test result lines ("[       OK ] Suite.Name (12 ms)", "[  FAILED  ] ... (3 ms)",
 # "[  SKIPPED ] ... (0 ms)"), which are printed as each test ends, so the counts are right when the run is
 # cut short too (a timeout, a crash); the closing summary lists failures again without a time and is not
-# counted. Tests that started but never finished count as failed; tests never started are "not run".
+# counted. Tests that started but never finished count as failed; tests never started are "not run". Each
+# suite runs in a process of its own (scripts/gtest-by-suite.sh, TG_GPU_TEST_JOBS at a time): a kernel's
+# illegal address is sticky for its process, and would fail every later test of a single run; the totals
+# are summed over the processes.
 # count_results LOG: "passed failed skipped not_run".
 count_results() {
   local log=$1 total ok failed skipped started
-  total=$(grep -Eo '^\[==========\] Running [0-9]+ test' "$log" | grep -Eo '[0-9]+' | head -1)
+  total=$(grep -Eo '^\[==========\] Running [0-9]+ test' "$log" | grep -Eo '[0-9]+' | awk '{ s += $1 } END { print s + 0 }')
   ok=$(grep -Ec '^\[ +OK \] .* \([0-9]+ ms\)$' "$log")
   failed=$(grep -Ec '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log")
   skipped=$(grep -Ec '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log")
@@ -158,11 +161,16 @@ count_results() {
   echo "$ok $failed $skipped $not_run"
 }
 TESTS_LIMIT=$(stage_limit 150 $((TRAINER_MIN + BENCH_MIN + TORCH_MIN)))
-step "GPU tests: test_cuda and test_ops '*cuda*' side by side (at most ${TESTS_LIMIT} s)"
+step "GPU tests: test_cuda and test_ops '*cuda*' side by side, a process per suite (at most ${TESTS_LIMIT} s)"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-limited "$TESTS_LIMIT" "$LOG/test_cuda.log" "$BIN/tests/test_cuda" &
+TEST_JOBS=${TG_GPU_TEST_JOBS:-3}
+TEST_THREADS=$(($(nproc) / (2 * TEST_JOBS)))  # the CPU references of 2 x TEST_JOBS processes share the cores
+[ "$TEST_THREADS" -ge 1 ] || TEST_THREADS=1
+OMP_NUM_THREADS=$TEST_THREADS limited "$TESTS_LIMIT" "$LOG/test_cuda.log" \
+  bash scripts/gtest-by-suite.sh "$BIN/tests/test_cuda" '*' "$TEST_JOBS" &
 PID_CUDA=$!
-limited "$TESTS_LIMIT" "$LOG/test_ops.log" "$BIN/tests/test_ops" --gtest_filter='*cuda*' &
+OMP_NUM_THREADS=$TEST_THREADS limited "$TESTS_LIMIT" "$LOG/test_ops.log" \
+  bash scripts/gtest-by-suite.sh "$BIN/tests/test_ops" '*cuda*' "$TEST_JOBS" &
 PID_OPS=$!
 wait "$PID_CUDA"
 CRC=$?
@@ -245,7 +253,7 @@ else
   ROWS+=("| PyTorch eager | PyTorch with CUDA is not importable here: no comparison | | | |")
 fi
 
-# 2. the fused attention alone: typegrad fused vs composite, PyTorch SDPA (same shape)
+# 2. the fused attention alone: typegrad fused (both kernel sets) vs composite, PyTorch SDPA (same shape)
 ATTN_ARGS="--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64"
 ATTN="-" ATTN_TORCH="-"
 ATTN_LIMIT=$(stage_limit 45 0)
@@ -253,7 +261,7 @@ if [ -x "$BIN/tests/bench_cuda_attention" ] && [ "$ATTN_LIMIT" -ge 10 ]; then
   step "attention benchmark: $ATTN_ARGS (at most ${ATTN_LIMIT} s)"
   # shellcheck disable=SC2086
   if limited "$ATTN_LIMIT" "$LOG/bench_attention.log" "$BIN/tests/bench_cuda_attention" $ATTN_ARGS; then
-    ATTN="fused $(field fused_ms "$LOG/bench_attention.log") ms, composite $(field composite_ms "$LOG/bench_attention.log") ms"
+    ATTN="fused $(field fused_ms "$LOG/bench_attention.log") ms (tiles $(field tiles_ms "$LOG/bench_attention.log"), registers $(field registers_ms "$LOG/bench_attention.log")), composite $(field composite_ms "$LOG/bench_attention.log") ms"
   else
     ATTN="failed ($LOG/bench_attention.log)"
   fi

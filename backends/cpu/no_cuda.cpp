@@ -4,6 +4,7 @@
 // tg::dist::make_nccl_communicator.
 #include "typegrad/config.hpp"
 #include "typegrad/core/error.hpp"
+#include "typegrad/detail/cuda/attention.hpp"
 #include "typegrad/detail/cuda/gemm_int8.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/cuda/pointwise.hpp"
@@ -63,6 +64,10 @@ void set_flash_attention(bool enabled) {
   if (enabled) no_backend("set_flash_attention");
 }
 bool flash_attention_enabled() { return false; }
+void set_flash_attention_kernels(FlashKernels k) {  // choosing the default set is a no-op, as turning attention off is
+  if (k != FlashKernels::tiles) no_backend("set_flash_attention_kernels");
+}
+FlashKernels flash_attention_kernels() { return FlashKernels::tiles; }
 bool unscale_and_check(float* const*, const std::int64_t*, int, float) { no_backend("unscale_and_check"); }
 double sum_squares_multi(const float* const*, const std::int64_t*, int) { no_backend("sum_squares_multi"); }
 void scale_multi(float* const*, const std::int64_t*, int, float) { no_backend("scale_multi"); }

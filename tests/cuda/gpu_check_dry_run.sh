@@ -28,12 +28,24 @@ fake "$W/bin/python3" "case \"\$1\" in
   benchmarks/torch_sdpa_cuda.py) echo 'RESULT torch_ms=1.9' ;;
   *) exec '$REAL_PY' \"\$@\" ;;
 esac"
-GTEST='echo "[==========] Running 2 tests"; for t in A.b A.c; do echo "[ RUN      ] $t"; echo "[       OK ] $t (1 ms)"; done'
-fake "$W/pre/tests/test_cuda" "$GTEST"
-fake "$W/pre/tests/test_ops" "$GTEST"
+# A test binary of two suites (A: b, c; B: d) as gpu-check runs it: listed, then one process per suite.
+# FAIL names a test that fails, CRASH one whose process dies (as a sticky CUDA fault would end it).
+gtest() {
+  printf 'case "$*" in *--gtest_list_tests*) printf "A.\\n  b\\n  c\\nB.\\n  d\\n"; exit 0 ;; esac
+sel=$(echo "${1#--gtest_filter=}" | tr ":" " ")
+echo "[==========] Running $(echo $sel | wc -w) tests from 1 test suite."
+for t in $sel; do
+  echo "[ RUN      ] $t"
+  [ "$t" = "%s" ] && exit 134
+  if [ "$t" = "%s" ]; then echo "[  FAILED  ] $t (1 ms)"; rc=1; else echo "[       OK ] $t (1 ms)"; fi
+done
+exit ${rc:-0}' "$1" "$2"
+}
+fake "$W/pre/tests/test_cuda" "$(gtest none none)"
+fake "$W/pre/tests/test_ops" "$(gtest none none)"
 fake "$W/pre/tests/bench_cuda_gpt" 'echo "args $*"; case "$*" in *grad-accum*) t=140000 ;; *) t=150000 ;; esac
 echo "RESULT tokens_per_s=$t ms_per_step=109.23 mfu=0.1300 peak_gib=11.50 loss=7.1"'
-fake "$W/pre/tests/bench_cuda_attention" 'echo "RESULT fused_ms=1.5 composite_ms=6.0"'
+fake "$W/pre/tests/bench_cuda_attention" 'echo "RESULT fused_ms=1.5 tiles_ms=1.5 registers_ms=0.9 composite_ms=6.0"'
 
 run() { PATH="$W/bin:$PATH" TG_GPU_PREBUILT="$W/pre" TG_GPU_BUILD="$W/build" bash "$SRC/scripts/gpu-check.sh" >"$W/out" 2>&1; }
 fail() {
@@ -48,18 +60,22 @@ has "| PyTorch eager, --model gpt2 --precision bf16 --batch 16 --seq 1024 --step
 has "| typegrad, --model gpt2 --precision bf16 --batch 8 --seq 1024 --grad-accum 2 --steps 10 --warmup 2 | 140000 |"
 has "| PyTorch eager, --model gpt2 --precision bf16 --batch 8 --seq 1024 --grad-accum 2 --steps 10 --warmup 2 | 200000 |"
 has "| PyTorch torch.compile mode reduce-overhead,"
-has "| attention fwd+bwd, typegrad (--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64) | fused 1.5 ms, composite 6.0 ms |"
+has "| attention fwd+bwd, typegrad (--precision bf16 --batch 16 --heads 12 --seq 1024 --head-size 64) | fused 1.5 ms (tiles 1.5, registers 0.9), composite 6.0 ms |"
 has "| attention fwd+bwd, PyTorch SDPA | 1.9 ms |"
 has "ncu: 3 kernel launches, 2 kernels by name, 2.00 ms in all"
 has '| `nvjet_sm90_tst_128x256_bias_TNT` | 1 | 1.50 | 75.0% |'
 has '| `tg::backend::cuda::{anon}::layernorm_fwd<__nv_bfloat16>` | 2 | 0.50 | 25.0% |'
-has "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT, weight copies, trainer step, NCCL world of 1) | 2 passed, 0 failed, 0 skipped |"
+has "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT, weight copies, trainer step, NCCL world of 1) | 3 passed, 0 failed, 0 skipped |"
 [ "$(tail -1 "$W/out")" = "ratio typegrad/pytorch_eager 0.75" ] || fail "the last line is not 'ratio typegrad/pytorch_eager 0.75'"
 
-# a failing GPU test fails the check, and the table says so
-fake "$W/pre/tests/test_ops" 'echo "[==========] Running 2 tests"; echo "[ RUN      ] A.b"; echo "[       OK ] A.b (1 ms)"
-echo "[ RUN      ] A.c"; echo "[  FAILED  ] A.c (1 ms)"; exit 1'
+# a failing GPU test fails the check, and the table says so; a suite whose process dies takes only its own
+# tests down (B.d, counted as failed), the other suites' results stand
+fake "$W/pre/tests/test_ops" "$(gtest B.d A.c)"
 if run; then fail "gpu-check passed with a failing GPU test"; fi
-has "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | 1 passed, 1 failed, 0 skipped |"
+has "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | 1 passed, 2 failed, 0 skipped |"
+# a process dying in its suite's first test: that test failed, the suite's next one not run, suite B passed
+fake "$W/pre/tests/test_ops" "$(gtest A.b none)"
+if run; then fail "gpu-check passed with a GPU test process that died"; fi
+has "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | 1 passed, 1 failed, 0 skipped, 1 not run |"
 has "gpu-check: FAILED: GPU tests failed"
 echo "gpu-check dry run: table, ncu summary, ratio line and a failing test's verdict as expected"

@@ -1,14 +1,16 @@
 // The fused causal attention on the GPU (Note [flash attention on the GPU] in backends/cuda/flash_attention.cu):
 // bf16 and fp16, head sizes 64 and 128, T in {1, 17, 64, 1000, 1024}: the output and the three gradients
 // against the CPU's fp32 attention of the same rounded inputs, and against the GPU composite (the fused
-// kernels switched off); flash_attention_calls() shows which path ran. Every test skips with the reason when
-// no CUDA device is present (the build machines have none).
+// kernels switched off); flash_attention_calls() shows which path ran. Each check runs both sets of fused
+// kernels: the WMMA tiles and the register-resident mma.sync kernels (Note [flash attention in registers]).
+// Every test skips with the reason when no CUDA device is present (the build machines have none).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include <typegrad/detail/cuda/attention.hpp>
 #include <typegrad/ops/scale_masked_softmax.hpp>
 #include <typegrad/typegrad.hpp>
 
@@ -16,11 +18,24 @@
 
 namespace {
 
+using tg::backend::cuda::FlashKernels;
+constexpr FlashKernels kBothKernels[] = {FlashKernels::tiles, FlashKernels::registers};
+const char* name(FlashKernels k) { return k == FlashKernels::tiles ? "tiles" : "registers"; }
+
 class CudaAttention : public tg::testing::GpuTest {
  protected:
-  void TearDown() override {
-    if (tg::backend::cuda::device_count() > 0) tg::backend::cuda::set_flash_attention(true);
+  void SetUp() override {
+    tg::testing::GpuTest::SetUp();
+    if (IsSkipped()) return;
+    kernels_ = tg::backend::cuda::flash_attention_kernels();
   }
+  void TearDown() override {
+    if (tg::backend::cuda::device_count() > 0) {
+      tg::backend::cuda::set_flash_attention(true);
+      tg::backend::cuda::set_flash_attention_kernels(kernels_);
+    }
+  }
+  FlashKernels kernels_ = FlashKernels::tiles;
 };
 
 template <class T, class D>
@@ -71,27 +86,54 @@ void check(std::int64_t B, std::int64_t H, std::int64_t Tn, std::int64_t hs) {
   const auto u = rounded<T>(tg::Tensor<float>::normal({B, H, Tn, hs}, 0.f, 1.f, gen));
   const Results ref = run_attention<float, tg::cpu>(q, k, v, u);
 
-  tg::backend::cuda::set_flash_attention(true);
-  const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
-  const Results fused = run_attention<T, tg::cuda>(q, k, v, u);
-  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "the forward and the backward ran fused";
-
   tg::backend::cuda::set_flash_attention(false);
+  const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
   const Results composite = run_attention<T, tg::cuda>(q, k, v, u);
-  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "switched off: the composite ran";
+  EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0) << "switched off: the composite ran";
   tg::backend::cuda::set_flash_attention(true);
 
-  // 16-bit outputs and 16-bit P / dS in the products: a few units of T's rounding relative to each tensor's
-  // scale (bf16 2^-8, fp16 2^-11); the composite has the same roundings in another order.
-  const double tol = std::is_same_v<T, tg::bf16> ? 3e-2 : 6e-3;
-  EXPECT_LE(rel_err(fused.y, ref.y), tol) << "out vs the CPU";
-  EXPECT_LE(rel_err(fused.dq, ref.dq), tol) << "dq vs the CPU";
-  EXPECT_LE(rel_err(fused.dk, ref.dk), tol) << "dk vs the CPU";
-  EXPECT_LE(rel_err(fused.dv, ref.dv), tol) << "dv vs the CPU";
-  EXPECT_LE(rel_err(fused.y, composite.y), tol) << "out vs the composite";
-  EXPECT_LE(rel_err(fused.dq, composite.dq), tol) << "dq vs the composite";
-  EXPECT_LE(rel_err(fused.dk, composite.dk), tol) << "dk vs the composite";
-  EXPECT_LE(rel_err(fused.dv, composite.dv), tol) << "dv vs the composite";
+  for (const FlashKernels kernels : kBothKernels) {
+    SCOPED_TRACE(name(kernels));
+    tg::backend::cuda::set_flash_attention_kernels(kernels);
+    const std::int64_t calls1 = tg::backend::cuda::flash_attention_calls();
+    const Results fused = run_attention<T, tg::cuda>(q, k, v, u);
+    EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls1 + 2) << "the forward and the backward ran fused";
+
+    // 16-bit outputs and 16-bit P / dS in the products: a few units of T's rounding relative to each tensor's
+    // scale (bf16 2^-8, fp16 2^-11); the composite has the same roundings in another order.
+    const double tol = std::is_same_v<T, tg::bf16> ? 3e-2 : 6e-3;
+    EXPECT_LE(rel_err(fused.y, ref.y), tol) << "out vs the CPU";
+    EXPECT_LE(rel_err(fused.dq, ref.dq), tol) << "dq vs the CPU";
+    EXPECT_LE(rel_err(fused.dk, ref.dk), tol) << "dk vs the CPU";
+    EXPECT_LE(rel_err(fused.dv, ref.dv), tol) << "dv vs the CPU";
+    EXPECT_LE(rel_err(fused.y, composite.y), tol) << "out vs the composite";
+    EXPECT_LE(rel_err(fused.dq, composite.dq), tol) << "dq vs the composite";
+    EXPECT_LE(rel_err(fused.dk, composite.dk), tol) << "dk vs the composite";
+    EXPECT_LE(rel_err(fused.dv, composite.dv), tol) << "dv vs the composite";
+  }
+}
+
+// Both sets of fused kernels, run twice on the same inputs, give the same bits (fixed summation orders, no
+// atomics), and the two sets agree with each other within the roundings of T.
+TEST_F(CudaAttention, FusedKernelsAreDeterministic) {
+  tg::Generator gen(21);
+  const auto x = rounded<tg::bf16>(tg::Tensor<float>::normal({2, 3, 1000, 64}, 0.f, 1.f, gen));
+  const auto u = rounded<tg::bf16>(tg::Tensor<float>::normal({2, 3, 1000, 64}, 0.f, 1.f, gen));
+  std::vector<Results> per_kernels;
+  for (const FlashKernels kernels : kBothKernels) {
+    SCOPED_TRACE(name(kernels));
+    tg::backend::cuda::set_flash_attention_kernels(kernels);
+    const Results a = run_attention<tg::bf16, tg::cuda>(x, x, x, u), b = run_attention<tg::bf16, tg::cuda>(x, x, x, u);
+    EXPECT_EQ(a.y, b.y);
+    EXPECT_EQ(a.dq, b.dq);
+    EXPECT_EQ(a.dk, b.dk);
+    EXPECT_EQ(a.dv, b.dv);
+    per_kernels.push_back(a);
+  }
+  EXPECT_LE(rel_err(per_kernels[1].y, per_kernels[0].y), 3e-2) << "out";
+  EXPECT_LE(rel_err(per_kernels[1].dq, per_kernels[0].dq), 3e-2) << "dq";
+  EXPECT_LE(rel_err(per_kernels[1].dk, per_kernels[0].dk), 3e-2) << "dk";
+  EXPECT_LE(rel_err(per_kernels[1].dv, per_kernels[0].dv), 3e-2) << "dv";
 }
 
 TEST_F(CudaAttention, Bf16HeadSize64) {
@@ -119,13 +161,17 @@ TEST_F(CudaAttention, PackedQkvRunsTheFusedKernels) {
     auto xr = qkv.detach().requires_grad_();
     const auto yr = tg::causal_attention_qkv(xr, H);
     yr.backward(u);
-    const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
-    auto xg = qkv.to<tg::bf16>().to<tg::cuda>().requires_grad_();
-    const auto yg = tg::causal_attention_qkv(xg, H);
-    yg.backward(u.to<tg::bf16>().to<tg::cuda>());
-    EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "the forward and the backward ran fused";
-    EXPECT_LE(rel_err(values(yg), values(yr)), 3e-2) << "out";
-    EXPECT_LE(rel_err(values(xg.grad()), values(xr.grad())), 3e-2) << "dqkv";
+    for (const FlashKernels kernels : kBothKernels) {
+      SCOPED_TRACE(name(kernels));
+      tg::backend::cuda::set_flash_attention_kernels(kernels);
+      const std::int64_t calls0 = tg::backend::cuda::flash_attention_calls();
+      auto xg = qkv.to<tg::bf16>().to<tg::cuda>().requires_grad_();
+      const auto yg = tg::causal_attention_qkv(xg, H);
+      yg.backward(u.to<tg::bf16>().to<tg::cuda>());
+      EXPECT_EQ(tg::backend::cuda::flash_attention_calls(), calls0 + 2) << "the forward and the backward ran fused";
+      EXPECT_LE(rel_err(values(yg), values(yr)), 3e-2) << "out";
+      EXPECT_LE(rel_err(values(xg.grad()), values(xr.grad())), 3e-2) << "dqkv";
+    }
   }
 }
 
@@ -136,12 +182,15 @@ TEST_F(CudaAttention, NanInAQueryMakesItsRowNan) {
   auto q = tg::Tensor<float>::normal({1, 2, 17, 64}, 0.f, 1.f, gen);
   q.data()[0] = NAN;  // head 0, row 0
   const auto kv = tg::Tensor<float>::normal({1, 2, 17, 64}, 0.f, 1.f, gen);
-  for (const bool fused : {true, false}) {
-    tg::backend::cuda::set_flash_attention(fused);
+  for (const int path : {0, 1, 2}) {  // the composite, the WMMA tiles, the register kernels
+    tg::backend::cuda::set_flash_attention(path != 0);
+    if (path != 0) tg::backend::cuda::set_flash_attention_kernels(kBothKernels[path - 1]);
+    const char* what = path == 0 ? "composite" : name(kBothKernels[path - 1]);
     const auto y = values(tg::causal_attention(q.to<tg::bf16>().to<tg::cuda>(), kv.to<tg::bf16>().to<tg::cuda>(),
                                                kv.to<tg::bf16>().to<tg::cuda>()));
-    for (std::size_t c = 0; c < 64; ++c) EXPECT_TRUE(std::isnan(y[c])) << (fused ? "fused" : "composite") << " column " << c;
-    for (std::size_t i = 17 * 64; i < y.size(); ++i) ASSERT_TRUE(std::isfinite(y[i])) << "head 1 at " << i;
+    for (std::size_t c = 0; c < 64; ++c) EXPECT_TRUE(std::isnan(y[c])) << what << " column " << c;
+    for (std::size_t i = 64; i < 17 * 64; ++i) ASSERT_TRUE(std::isfinite(y[i])) << what << ": head 0, a later row at " << i;
+    for (std::size_t i = 17 * 64; i < y.size(); ++i) ASSERT_TRUE(std::isfinite(y[i])) << what << ": head 1 at " << i;
   }
   tg::backend::cuda::set_flash_attention(true);
 }
