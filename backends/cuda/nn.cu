@@ -1,9 +1,11 @@
 // Row kernels of the nn ops on the GPU: softmax / log_softmax, layernorm / rmsnorm (forward and backward),
 // embedding, cross-entropy. One block per row of a contiguous [rows, n] block (a warp per row for the norms'
-// forward over rows of whole 16-byte packs: norm_forward.cuh; their backward: Note [one-pass norm backward]), math in accum_t<T> (fp32 for
-// 16-bit storage) with the CPU kernels' formulas (backends/cpu/nn.cpp); block reductions in a fixed order.
-// Column sums (dweight, dbias, embedding rows) are two-pass or per-row loops without atomics, so every
-// result is deterministic. Kernels first, launchers after.
+// forward over rows of whole 16-byte packs: norm_forward.cuh; their backward: Note [one-pass norm backward] in
+// norm_backward.cuh), math in accum_t<T> (fp32 for 16-bit storage) with the CPU kernels' formulas
+// (backends/cpu/nn.cpp); block reductions in a fixed order. Column sums (dweight, dbias, embedding rows) are
+// two-pass or per-row loops without atomics, so every result is deterministic. Kernels first (the norms' backward
+// and the packed cross-entropy in norm_backward.cuh and cross_entropy_packed.cuh, which
+// tests/cuda/test_rows_emulated.cpp also runs on the CPU), launchers after.
 #include <atomic>
 #include <vector>
 
@@ -221,120 +223,8 @@ __global__ void norm_backward_dx_kernel(const T* x, const T* w, const acc_t<T>* 
   }
 }
 
-// Note [one-pass norm backward]
-// The two-kernel backward (dx per row, then dw / db per column chunk) reads x and dy from memory twice. When
-// every row is a whole number of 16-byte packs (n a multiple of 16 / sizeof(T), the pointers 16-byte aligned)
-// and a block's four warps can keep per-column sums in shared memory, one kernel does both: a warp per row,
-// 16-byte loads, the row's two reductions with warp shuffles, dx written from a second read of the row (which
-// the warp has just loaded: cached), and each warp adding dy∘x̂ and dy to its own shared slice of the columns
-// (a lane owns the same columns in every row, so no two lanes touch one slot). At the end the block adds its
-// warps' slices in warp order into pw[block, :], pb[block, :], which the final kernel sums in block order:
-// deterministic for a given grid: the grid is a fixed multiple of the SM count the device reports (a MIG
-// slice reports its own), so results repeat run to run on one device configuration, and a 16-byte aligned
-// call and a misaligned view of the same values (which takes the two-kernel path) may round dw / db
-// differently. Other shapes take the two-kernel path.
-template <class T>
-struct alignas(16) Pack16 {
-  T v[16 / sizeof(T)];
-};
-constexpr int kNormWarps = 4;
-template <class T>
-__global__ void norm_backward_fused_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                                           const T* dy, T* dx, acc_t<T>* pw, acc_t<T>* pb, std::int64_t rows,
-                                           std::int64_t n) {
-  using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
-  extern __shared__ __align__(16) unsigned char norm_smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const std::int64_t packs = n / V;
-  // this warp's sums, column j = p·V + k at k·packs + p (consecutive lanes, consecutive banks)
-  A* sw = reinterpret_cast<A*>(norm_smem) + static_cast<std::int64_t>(warp) * 2 * n;
-  A* sb = sw + n;
-  for (std::int64_t j = lane; j < n; j += 32) sw[j] = sb[j] = A(0);
-  __syncwarp();
-  const auto* wp = reinterpret_cast<const Pack16<T>*>(w);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows;
-       r += static_cast<std::int64_t>(gridDim.x) * warps) {
-    const auto* xp = reinterpret_cast<const Pack16<T>*>(x + r * n);
-    const auto* gp = reinterpret_cast<const Pack16<T>*>(dy + r * n);
-    const A mu = mean ? mean[r] : A(0), rs = rstd[r];
-    A mg = 0, mgx = 0;
-    for (std::int64_t p = lane; p < packs; p += 32) {
-      const Pack16<T> xv = xp[p], gv = gp[p], wv = wp[p];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const A xh = (scalar_cast<A>(xv.v[k]) - mu) * rs, d = scalar_cast<A>(gv.v[k]);
-        const A g = d * scalar_cast<A>(wv.v[k]);
-        mg += g;
-        mgx += g * xh;
-        sw[k * packs + p] += d * xh;
-        sb[k * packs + p] += d;
-      }
-    }
-    mg = mean ? detail::warp_sum(mg) / static_cast<A>(n) : A(0);
-    mgx = detail::warp_sum(mgx) / static_cast<A>(n);
-    if (!dx) continue;
-    auto* dp = reinterpret_cast<Pack16<T>*>(dx + r * n);
-    for (std::int64_t p = lane; p < packs; p += 32) {
-      const Pack16<T> xv = xp[p], gv = gp[p], wv = wp[p];
-      Pack16<T> o;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const A xh = (scalar_cast<A>(xv.v[k]) - mu) * rs;
-        const A g = scalar_cast<A>(gv.v[k]) * scalar_cast<A>(wv.v[k]);
-        o.v[k] = scalar_cast<T>(rs * (g - mg - xh * mgx));
-      }
-      dp[p] = o;
-    }
-  }
-  __syncthreads();
-  const A* all = reinterpret_cast<const A*>(norm_smem);
-  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const std::int64_t slot = (j % V) * packs + j / V;
-    A aw = 0, ab = 0;
-    for (int q = 0; q < warps; ++q) {
-      aw += all[static_cast<std::int64_t>(q) * 2 * n + slot];
-      ab += all[static_cast<std::int64_t>(q) * 2 * n + n + slot];
-    }
-    pw[static_cast<std::int64_t>(blockIdx.x) * n + j] = aw;
-    pb[static_cast<std::int64_t>(blockIdx.x) * n + j] = ab;
-  }
-}
-
-/// Stage 1 of dw / db: per chunk c of rows, pw[c, j] = Σ dy∘x̂, pb[c, j] = Σ dy.
-template <class T>
-__global__ void norm_backward_dwdb_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* dy,
-                                                  acc_t<T>* pw, acc_t<T>* pb, std::int64_t rows, std::int64_t n,
-                                                  std::int64_t chunks, std::int64_t chunk_len) {
-  using A = acc_t<T>;
-  TG_GRID_STRIDE(t, chunks * n) {
-    const std::int64_t j = t % n, c = t / n;
-    const std::int64_t r0 = c * chunk_len, r1 = r0 + chunk_len < rows ? r0 + chunk_len : rows;
-    A aw = 0, ab = 0;
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const A g = scalar_cast<A>(dy[r * n + j]);
-      aw += g * (scalar_cast<A>(x[r * n + j]) - (mean ? mean[r] : A(0))) * rstd[r];
-      ab += g;
-    }
-    pw[t] = aw;
-    pb[t] = ab;
-  }
-}
-/// Stage 2: dw[j] = Σ_c pw[c, j], db[j] = Σ_c pb[c, j] in chunk order.
-template <class T>
-__global__ void norm_backward_dwdb_final_kernel(const acc_t<T>* pw, const acc_t<T>* pb, T* dw, T* db, std::int64_t n,
-                                                std::int64_t chunks) {
-  using A = acc_t<T>;
-  TG_GRID_STRIDE(j, n) {
-    A aw = 0, ab = 0;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      aw += pw[c * n + j];
-      ab += pb[c * n + j];
-    }
-    if (dw) dw[j] = scalar_cast<T>(aw);
-    if (db) db[j] = scalar_cast<T>(ab);
-  }
-}
+// The one-pass backward (Note [one-pass norm backward]) and the dweight / dbias column sums.
+#include "norm_backward.cuh"
 
 // ---- embedding ---------------------------------------------------------------------------------------------
 template <class T>
@@ -381,110 +271,8 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const std::int64_t
   }
 }
 
-// Note [cross-entropy in one pass over 16-byte packs]
-// The GPT-2 LM head's logits are the largest tensor of a step (B·T rows of 50257, 1.6 GB in bf16 at B=16,
-// T=1024), and the loss reads them in both directions. When the rows are a multiple of 16 bytes apart and
-// aligned (the padded vocabulary's 50304 columns are), the forward reads each row once, in 16-byte packs, with
-// the running (max, Σ exp) pair of an online softmax (a new maximum rescales the sum), and the backward reads
-// packs and writes packs of the gradient, zero past V. The pairs are merged over the block in a fixed order,
-// so the result is deterministic; it differs from the two-pass kernel by rounding only. Other row layouts take
-// the scalar kernels above.
-
-/// (m, s) := the (max, Σ exp(x − max)) pair of the union of the sets behind (m, s) and (om, os). NaN wins.
-template <class A>
-__device__ __forceinline__ void lse_merge(A& m, A& s, A om, A os) {
-  if (om != om) {
-    m = om;
-    s = os;
-  } else if (om == -INFINITY) {
-    // adds nothing: its exponentials are zero against any maximum
-  } else if (om > m) {  // m = −inf: s is 0 and exp(−inf) = 0
-    s = s * exp(m - om) + os;
-    m = om;
-  } else {
-    s += os * exp(om - m);  // m NaN: stays NaN
-  }
-}
-
-template <class T>
-__global__ void cross_entropy_forward_packed_kernel(const T* logits, const std::int64_t* targets, acc_t<T>* lse,
-                                                    acc_t<T>* loss, std::int64_t rows, std::int64_t V, std::int64_t ld,
-                                                    std::int64_t ignore_index) {
-  using A = acc_t<T>;
-  constexpr int N = 16 / sizeof(T);
-  __shared__ A shm_m[32], shm_s[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const std::int64_t packs = V / N;
-  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = logits + r * ld;
-    const auto* xp = reinterpret_cast<const Pack16<T>*>(xr);
-    A m = -INFINITY, s = 0;
-    for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      const Pack16<T> v = xp[p];
-#pragma unroll
-      for (int k = 0; k < N; ++k) lse_merge(m, s, scalar_cast<A>(v.v[k]), A(1));
-    }
-    for (std::int64_t j = packs * N + threadIdx.x; j < V; j += blockDim.x) lse_merge(m, s, scalar_cast<A>(xr[j]), A(1));
-    for (int o = 16; o > 0; o >>= 1) {
-      const A om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-      lse_merge(m, s, om, os);
-    }
-    __syncthreads();  // the shared pairs may still be read for the previous row
-    if (lane == 0) {
-      shm_m[warp] = m;
-      shm_s[warp] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      A bm = shm_m[0], bs = shm_s[0];
-      for (int q = 1; q < nw; ++q) lse_merge(bm, bs, shm_m[q], shm_s[q]);
-      // An infinite maximum: the two-pass kernel and the CPU compute exp(±inf − (±inf)) = NaN there; the
-      // running pair would give ±inf. So the row's lse is NaN, as theirs.
-      const A l = (bm == A(INFINITY) || bm == A(-INFINITY)) ? A(NAN) : bm + ::log(bs);
-      lse[r] = l;
-      const std::int64_t t = targets[r];
-      loss[r] = t == ignore_index ? A(0) : l - scalar_cast<A>(xr[t]);
-    }
-  }
-}
-
-template <class T>
-__global__ void cross_entropy_backward_packed_kernel(const T* logits, const std::int64_t* targets, const acc_t<T>* lse,
-                                                     const acc_t<T>* dloss, std::int64_t count, T* dlogits,
-                                                     std::int64_t rows, std::int64_t V, std::int64_t ld,
-                                                     std::int64_t ld_out, std::int64_t ignore_index) {
-  using A = acc_t<T>;
-  constexpr int N = 16 / sizeof(T);
-  const A scale = static_cast<A>(count ? static_cast<double>(dloss[0]) / static_cast<double>(count) : 0.0);
-  const std::int64_t full = V / N, out_packs = ld_out / N;
-  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = logits + r * ld;
-    const auto* xp = reinterpret_cast<const Pack16<T>*>(xr);
-    auto* dp = reinterpret_cast<Pack16<T>*>(dlogits + r * ld_out);
-    const std::int64_t t = targets[r];
-    const A l = lse[r];
-    const bool counted = t != ignore_index;
-    for (std::int64_t p = threadIdx.x; p < out_packs; p += blockDim.x) {
-      const std::int64_t j0 = p * N;
-      Pack16<T> o;
-      if (counted && p < full) {
-        const Pack16<T> v = xp[p];
-#pragma unroll
-        for (int k = 0; k < N; ++k)
-          o.v[k] = scalar_cast<T>(scale * (exp(scalar_cast<A>(v.v[k]) - l) - (j0 + k == t ? A(1) : A(0))));
-      } else {
-#pragma unroll
-        for (int k = 0; k < N; ++k) {  // the row's last partial pack (read element by element) and the padding
-          const std::int64_t j = j0 + k;
-          A d = 0;
-          if (counted && j < V) d = scale * (exp(scalar_cast<A>(xr[j]) - l) - (j == t ? A(1) : A(0)));
-          o.v[k] = scalar_cast<T>(d);
-        }
-      }
-      dp[p] = o;
-    }
-  }
-}
+// The packed forward and backward (Note [cross-entropy in one pass over 16-byte packs]).
+#include "cross_entropy_packed.cuh"
 
 /// loss[0] = (Σ_r row_loss[r] over counted rows, fp64, a fixed order: each thread sums a strided share, then
 /// the block sums the shares) / count: one block, so the mean is written without a read-back.

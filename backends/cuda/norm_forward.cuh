@@ -1,7 +1,9 @@
 // The LayerNorm / RMSNorm forward over rows of whole 16-byte packs (Note [norm forward in packs]), shared by
 // layernorm_forward / rmsnorm_forward (nn.cu) and add_layernorm_forward (add_layernorm.cu): one kernel body, so the
 // fused residual add + LayerNorm computes what `add` then `layernorm` compute, bit for bit. A private header of
-// the CUDA backend.
+// the CUDA backend. With TG_ROWS_EMULATED defined it leaves out common.cuh and the launcher (the host side of CUDA):
+// the includer supplies detail::acc_t, detail::warp_sum, scalar_cast and the CUDA built-ins, as
+// tests/cuda/test_rows_emulated.cpp does to run the kernel's body, unchanged, on the CPU.
 #pragma once
 
 #include <algorithm>
@@ -9,7 +11,9 @@
 #include <initializer_list>
 #include <type_traits>
 
+#ifndef TG_ROWS_EMULATED
 #include "common.cuh"
+#endif
 
 namespace tg::backend::cuda::detail {
 
@@ -126,6 +130,7 @@ __global__ void norm_forward_packed_kernel(const T* x, const T* r, bool xr_in_pa
   }
 }
 
+#ifndef TG_ROWS_EMULATED
 /// Launches the packed kernel on the current stream (the caller checked norm_rows_in_packs).
 template <class T, bool kAdd>
 void launch_norm_forward_packed(const T* x, const T* r, bool xr_in_packs, const T* w, const T* b, T* h, T* y,
@@ -135,5 +140,6 @@ void launch_norm_forward_packed(const T* x, const T* r, bool xr_in_packs, const 
       x, r, xr_in_packs, w, b, h, y, mean, rstd, rows, n, static_cast<acc_t<T>>(eps));
   TG_CUDA_LAUNCHED();
 }
+#endif  // TG_ROWS_EMULATED
 
 }  // namespace tg::backend::cuda::detail
