@@ -2,9 +2,10 @@
 // scores and probabilities live in shared memory one tile at a time, never in global memory. gemm.cu's
 // attention_forward / attention_backward call these first and keep the composite (batched GEMMs and a
 // softmax kernel) for fp32 and fp64, for head sizes other than 64 and 128, and when TG_CUDA_ATTENTION is
-// "composite". Two sets of kernels compute the same thing: the WMMA tiles staged in shared memory (this file,
-// "tiles") and the register-resident mma.sync kernels (flash_attention_mma.cuh, "registers");
-// TG_CUDA_ATTENTION=tiles|registers or set_flash_attention_kernels chooses.
+// "composite". Two sets of kernels compute the same thing: the WMMA tiles staged in shared memory
+// (flash_attention_tiles.cuh, "tiles", the default) and the register-resident mma.sync kernels
+// (flash_attention_mma.cuh, "registers"); TG_CUDA_ATTENTION=tiles|registers or set_flash_attention_kernels
+// chooses. This file holds the Note, the launchers and the entry points.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
