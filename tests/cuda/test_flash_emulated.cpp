@@ -96,14 +96,24 @@ struct XSlot {
   unsigned u[8];
   float f;
 };
-XSlot g_x[4][32];
+// A warp-wide operation: each lane posts its operands in its slot, one warp barrier, then each lane reads the
+// slots it needs. Slots alternate between two sets from one operation to the next, so one barrier per operation
+// is enough: a lane rewrites a set only after the next operation's barrier, which every lane reaches after
+// reading that set.
+XSlot g_xs[2][4][32];
+thread_local int tl_set = 0;
+/// The slot set of this warp operation (advances the lane to the other set for the next one).
+inline XSlot (&slots(int w))[32] {
+  XSlot(&s)[32] = g_xs[tl_set][w];
+  tl_set ^= 1;
+  return s;
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  g_x[w][lane].f = v;
+  XSlot(&x)[32] = slots(w);
+  x[lane].f = v;
   warp_sync(w);
-  const float r = g_x[w][lane ^ m].f;
-  warp_sync(w);
-  return r;
+  return x[lane ^ m].f;
 }
 
 
@@ -219,12 +229,13 @@ inline void ldsm_generic(unsigned (&r)[4], const void* p, bool trans) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16) emu_fail("ldmatrix misaligned");
   if (b < smem || b + 16 > smem + sizeof(smem)) emu_fail("ldmatrix out of smem");
   shadow_read(p, 16);
-  g_x[w][lane].p = p;
+  XSlot(&g_x)[32] = slots(w);
+  g_x[lane].p = p;
   warp_sync(w);
   const int q = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
     auto at = [&](int row, int col) {
-      const auto* rp = static_cast<const std::uint16_t*>(g_x[w][8 * i + row].p);
+      const auto* rp = static_cast<const std::uint16_t*>(g_x[8 * i + row].p);
       return static_cast<unsigned>(rp[col]);
     };
     unsigned lo, hi;
@@ -232,7 +243,6 @@ inline void ldsm_generic(unsigned (&r)[4], const void* p, bool trans) {
     else { lo = at(q, 2 * t); hi = at(q, 2 * t + 1); }
     r[i] = lo | (hi << 16);
   }
-  warp_sync(w);
 }
 inline void ldsm_x4(unsigned (&r)[4], const void* p) { ldsm_generic(r, p, false); }
 inline void ldsm_x4_trans(unsigned (&r)[4], const void* p) { ldsm_generic(r, p, true); }
@@ -245,25 +255,25 @@ inline float h2f(unsigned h) {
 template <class T>
 inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  for (int i = 0; i < 4; ++i) g_x[w][lane].u[i] = a[i];
-  g_x[w][lane].u[4] = b0;
-  g_x[w][lane].u[5] = b1;
+  XSlot(&g_x)[32] = slots(w);
+  for (int i = 0; i < 4; ++i) g_x[lane].u[i] = a[i];
+  g_x[lane].u[4] = b0;
+  g_x[lane].u[5] = b1;
   warp_sync(w);
   float A[16][16], B[16][8];
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int i = 0; i < 4; ++i) {
       const int row = g + ((i & 1) ? 8 : 0), col = 2 * t + ((i & 2) ? 8 : 0);
-      A[row][col] = h2f<T>(g_x[w][l].u[i] & 0xffffu);
-      A[row][col + 1] = h2f<T>(g_x[w][l].u[i] >> 16);
+      A[row][col] = h2f<T>(g_x[l].u[i] & 0xffffu);
+      A[row][col + 1] = h2f<T>(g_x[l].u[i] >> 16);
     }
     for (int i = 0; i < 2; ++i) {
       const int k = 2 * t + (i ? 8 : 0);
-      B[k][g] = h2f<T>(g_x[w][l].u[4 + i] & 0xffffu);
-      B[k + 1][g] = h2f<T>(g_x[w][l].u[4 + i] >> 16);
+      B[k][g] = h2f<T>(g_x[l].u[4 + i] & 0xffffu);
+      B[k + 1][g] = h2f<T>(g_x[l].u[4 + i] >> 16);
     }
   }
-  warp_sync(w);
   const int g = lane / 4, t = lane % 4;
   for (int e = 0; e < 4; ++e) {
     const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
