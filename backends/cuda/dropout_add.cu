@@ -16,22 +16,7 @@ using detail::kThreads;
 
 namespace {
 
-// The product rounded on its own, never merged into a fused multiply-add with the add that follows: the
-// unfused pair stores it first.
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
-template <class T>
-__global__ void dropout_add_kernel(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed,
-                                   std::uint64_t offset, float p, acc_t<T> scale) {
-  using A = acc_t<T>;
-  TG_GRID_STRIDE(i, n) {
-    const auto w = ::tg::detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
-    const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[0]), p);
-    const T d = scalar_cast<T>(keep ? mul_rn(scalar_cast<A>(r[i]), scale) : A(0));
-    out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
-  }
-}
+#include "dropout_add_kernel.cuh"
 
 }  // namespace
 

@@ -2,7 +2,8 @@
 // scaler's unscale: one launch for every parameter of a group. The host
 // cuts each tensor into kChunk-element chunks and uploads a (tensor, start) table (detail/cuda/
 // multi_tensor.hpp, CPU-tested); block b handles chunk b. The element math is detail/math.hpp's
-// (math::adam_update, sgd_update, lamb_moments / lamb_direction), the bodies of the CPU's loops.
+// (math::adam_update, sgd_update, lamb_moments / lamb_direction), the bodies of the CPU's loops. The kernels are in
+// optim_multi.cuh, which tests/cuda/test_optim_emulated.cpp also compiles as host code; the launchers are here.
 #include <type_traits>
 #include <vector>
 

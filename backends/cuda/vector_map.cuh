@@ -1,12 +1,17 @@
 // Elementwise maps over contiguous operands with vector memory accesses (Note [vector elementwise maps]).
-//   if (vector_map_fits<float, bf16>(n, out, in)) vector_map(CastTo<float>{}, out, n, in);  // out[i] = f(in[i])
+//   if (vector_map_fits(out, in)) vector_map(CastTo<float>{}, out, n, in);  // out[i] = f(in[i])
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
+// With TG_ELEM_EMULATED defined the CUDA side (common.cuh and the launcher) is left out: the includer supplies
+// TG_GRID_STRIDE and the CUDA built-ins, as tests/cuda/test_elementwise_emulated.cpp does to run the kernels'
+// bodies, unchanged, on the CPU.
+#ifndef TG_ELEM_EMULATED
 #include "common.cuh"
+#endif
 
 namespace tg::backend::cuda::detail {
 
@@ -69,6 +74,7 @@ __global__ void vector_map_kernel(F f, TO* out, std::int64_t n, const TA* a, con
   if (t < n) out[t] = f(a[t], b[t]);
 }
 
+#ifndef TG_ELEM_EMULATED
 /// out[i] = f(in[i]...) for i < n (one or two inputs), every operand contiguous; call when
 /// vector_map_fits(out, in...). `out` may be one of the inputs (each element is read before it is written).
 template <class F, class TO, class... TI>
@@ -80,5 +86,6 @@ void vector_map(F f, TO* out, std::int64_t n, const TI*... in) {
   vector_map_kernel<N><<<grid_for(packs > 0 ? packs : 1), kThreads, 0, stream()>>>(f, out, n, in...);
   TG_CUDA_LAUNCHED();
 }
+#endif  // TG_ELEM_EMULATED
 
 }  // namespace tg::backend::cuda::detail
