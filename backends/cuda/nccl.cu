@@ -10,6 +10,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "check.cuh"
 #include "common.cuh"
@@ -92,17 +93,33 @@ class NcclCommunicator final : public Communicator {
   explicit NcclCommunicator(Communicator& bootstrap) : rank_(bootstrap.rank()), size_(bootstrap.size()) {
     TG_CHECK(bootstrap.device() == DeviceKind::cpu, "dist: the NCCL communicator is set up over a communicator of host buffers (the MPI "
              "world), not a '", bootstrap.backend(), "' one of CUDA buffers");
-    TG_CHECK(backend::cuda::device_count() > 0, "dist: the NCCL communicator needs a GPU: ", backend::cuda::device_description());
     set_timeout(bootstrap.timeout());
+    // Note [NCCL start-up]: ncclCommInitRank is a collective, and so is the unique id's broadcast. A rank that
+    // fails before them (no GPU, no memory for the stream or the barrier word, rank 0 without an id) would leave
+    // the others waiting there until the bootstrap's timeout ended them with a message that names the wait,
+    // not the cause. So each rank first does what can fail on its own, then the ranks exchange their outcomes
+    // over the bootstrap (MPI) and all stop together, each naming every rank that failed and why.
     ncclUniqueId id{};
-    if (rank_ == 0) TG_NCCL_CHECK(ncclGetUniqueId(&id));
-    bootstrap.broadcast(Buffer{&id, static_cast<std::int64_t>(sizeof id), DType::u8, DeviceKind::cpu}, 0);
+    std::string problem;
     try {
+      TG_CHECK(backend::cuda::device_count() > 0, "the NCCL communicator needs a GPU: ", backend::cuda::device_description());
       TG_CUDA_CHECK(cudaGetDevice(&device_));
       TG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       TG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
       TG_CUDA_CHECK(cudaMalloc(&barrier_, sizeof(int)));
       TG_CUDA_CHECK(cudaMemset(barrier_, 0, sizeof(int)));
+      if (rank_ == 0) TG_NCCL_CHECK(ncclGetUniqueId(&id));
+    } catch (const std::exception& e) {
+      problem = e.what();
+      if (problem.empty()) problem = "an error without a message";
+    }
+    try {
+      const std::vector<std::string> outcomes = bootstrap.all_gather_strings(problem);
+      std::string failed;
+      for (std::size_t r = 0; r < outcomes.size(); ++r)
+        if (!outcomes[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + outcomes[r];
+      TG_CHECK(failed.empty(), "dist: the NCCL communicator was not set up, because ranks failed before it:", failed);
+      bootstrap.broadcast(Buffer{&id, static_cast<std::int64_t>(sizeof id), DType::u8, DeviceKind::cpu}, 0);
       TG_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
     } catch (...) {
       release();
@@ -193,10 +210,25 @@ class NcclCommunicator final : public Communicator {
   // NCCL has no tags: messages between two ranks match in the order they are posted.
   void send(Buffer buf, int peer, int) override { point_to_point("send", buf, peer, true).wait(); }
   void recv(Buffer buf, int peer, int) override { point_to_point("recv", buf, peer, false).wait(); }
-  // NCCL has no tags; a send and a receive issued on the one stream run in order (a pipeline's paired
-  // exchange on a GPU would need them grouped: not yet).
+  // NCCL has no tags; a send and a receive issued on the one stream run in order, so a pipeline's paired
+  // exchange goes through exchange_async, which groups them.
   Work send_async(Buffer buf, int peer, int) override { return point_to_point("send", buf, peer, true); }
   Work recv_async(Buffer buf, int peer, int) override { return point_to_point("recv", buf, peer, false); }
+  // One ncclGroupStart / ncclGroupEnd around the send and the receive: NCCL then progresses both at once, so two
+  // neighbours that each send first (stage s its activation to s + 1 while s + 1 sends its gradient to s) do not
+  // each wait for the other's receive. One event completes both.
+  Exchange exchange_async(Buffer send, int to, int, Buffer recv, int from, int) override {
+    check_peer("exchange (send)", send, to);
+    check_peer("exchange (receive)", recv, from);
+    Exchange e;
+    e.received = issue("exchange", [&] {
+      group([&] {
+        TG_NCCL_CHECK(ncclSend(send.data, static_cast<std::size_t>(send.count), type_of(send.dtype), to, comm_, stream_));
+        TG_NCCL_CHECK(ncclRecv(recv.data, static_cast<std::size_t>(recv.count), type_of(recv.dtype), from, comm_, stream_));
+      });
+    });
+    return e;
+  }
   void barrier() override {
     issue("barrier", [&] { TG_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_)); }).wait();
   }
@@ -262,10 +294,13 @@ class NcclCommunicator final : public Communicator {
     TG_CUDA_CHECK(cudaEventRecord(done, stream_));
     return Work(std::move(work));
   }
-  Work point_to_point(const char* what, Buffer buf, int peer, bool sending) {
+  void check_peer(const char* what, const Buffer& buf, int peer) const {
     check_device(what, buf);
     TG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "dist::", what, ": peer ", peer, " is not another rank (world size ", size_,
              ", this is rank ", rank_, ")");
+  }
+  Work point_to_point(const char* what, Buffer buf, int peer, bool sending) {
+    check_peer(what, buf, peer);
     const auto n = static_cast<std::size_t>(buf.count);
     const ncclDataType_t type = type_of(buf.dtype);
     return issue(what, [&] {

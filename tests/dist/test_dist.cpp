@@ -15,8 +15,10 @@
 #include "nn/gpt_test_util.hpp"
 
 #include <typegrad/amp/amp.hpp>
+#include <typegrad/detail/cuda/runtime.hpp>
 #include <typegrad/dist/comm.hpp>
 #include <typegrad/dist/data_parallel.hpp>
+#include <typegrad/dist/nccl.hpp>
 #include <typegrad/io/train_state.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/optim/optim.hpp>
@@ -160,6 +162,43 @@ TEST(Comm, BadArgumentsAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
     }
   }
+}
+
+// A pipeline stage's exchange (Communicator::exchange_async): every rank sends to the next around the ring and
+// receives from the previous one at once, then the mirror exchange (send to the previous, receive from the next),
+// so every rank's neighbours post their sends before their receives, as two pipeline neighbours do.
+TEST(Comm, ExchangesWithBothNeighboursAtOnce) {
+  if (size() < 2) GTEST_SKIP() << "an exchange needs another rank (world size 1)";
+  const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+  std::vector<float> mine(3001), from_prev(3001, -1.f), from_next(3001, -1.f);
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(rank() * 10000 + static_cast<int>(i));
+  auto ex = W().exchange_async(Buffer{mine.data(), 3001}, next, 0, Buffer{from_prev.data(), 3001}, prev, 0);
+  ex.sent.wait();
+  ex.received.wait();
+  auto back = W().exchange_async(Buffer{mine.data(), 3001}, prev, 1, Buffer{from_next.data(), 3001}, next, 1);
+  back.received.wait();
+  back.sent.wait();
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    ASSERT_EQ(from_prev[i], static_cast<float>(prev * 10000 + static_cast<int>(i))) << i;
+    ASSERT_EQ(from_next[i], static_cast<float>(next * 10000 + static_cast<int>(i))) << i;
+  }
+}
+
+// Note [NCCL start-up]: without a GPU, every rank's NCCL set-up fails before the collective init, and every rank
+// stops with one message naming each rank's cause (none waits in the unique id's broadcast or in the init).
+TEST(Comm, NcclSetUpWithoutAGpuStopsEveryRankNamingEachCause) {
+  if (tg::backend::cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present (gpu-check's CudaNccl.* set the communicator up)";
+  try {
+    auto nccl = tg::dist::make_nccl_communicator(W());
+    ADD_FAILURE() << "an NCCL communicator without a GPU";
+  } catch (const tg::Error& e) {
+    const std::string m = e.what();
+    if (m.find("built without") != std::string::npos) GTEST_SKIP() << m;
+    EXPECT_NE(m.find("was not set up, because ranks failed before it"), std::string::npos) << m;
+    for (int r = 0; r < size(); ++r)
+      EXPECT_NE(m.find("rank " + std::to_string(r) + ": the NCCL communicator needs a GPU"), std::string::npos) << r << ": " << m;
+  }
+  W().barrier();  // every rank is still in step with the others
 }
 
 TEST(Comm, WorldSizeOneNeedsNoLauncher) {

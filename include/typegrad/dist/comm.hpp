@@ -36,7 +36,9 @@ namespace tg::dist {
 //     forever. Errors inside MPI are returned, not fatal, and become the same message.
 //   * NCCL (backends/cuda/nccl.cu): CUDA buffers; work runs on the communicator's own stream, ordered after
 //     the caller's stream by an event, and Work::wait() makes the caller's stream wait for it. Its unique id
-//     is broadcast over the MPI world.
+//     is broadcast over the MPI world, after the ranks have agreed that each could set itself up (Note [NCCL
+//     start-up] in backends/cuda/nccl.cu: a rank's failure stops every rank with the cause, none waits for it).
+//     A send and a receive to be in flight together go through exchange_async (one NCCL group).
 //   * SingleProcess: size 1; every collective is the identity (a copy where input and output differ), so a
 //     program written for N ranks runs alone unchanged, with no MPI daemon.
 
@@ -118,6 +120,20 @@ class Communicator {
   /// each other's sends).
   virtual Work send_async(Buffer buf, int peer, int tag) = 0;
   virtual Work recv_async(Buffer buf, int peer, int tag) = 0;
+  /// A send to `to` and a receive from `from` posted together: a pipeline stage's exchange with a neighbour,
+  /// which may at the same moment post the mirror exchange. The default posts send_async, then recv_async
+  /// (non-blocking MPI completes them in either order); NCCL, whose send and receive on one stream would
+  /// otherwise run one after the other (two ranks sending to each other first would wait on each other
+  /// forever), issues the two as one group. `received` is complete when both are (NCCL: one event for both).
+  struct Exchange {
+    Work sent, received;
+  };
+  virtual Exchange exchange_async(Buffer send, int to, int send_tag, Buffer recv, int from, int recv_tag) {
+    Exchange e;
+    e.sent = send_async(send, to, send_tag);
+    e.received = recv_async(recv, from, recv_tag);
+    return e;
+  }
   virtual void barrier() = 0;
   /// A communicator of the ranks that pass the same `color`, ranked by `key` (then by rank here): MPI_Comm_split.
   /// A collective over this communicator. Rank r of a process grid gets its tensor-, pipeline- and

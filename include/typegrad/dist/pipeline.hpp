@@ -305,24 +305,22 @@ class PipelineStep {
       Tensor<compute_type, D> g;
       if (!st.is_last()) {  // send forward, receive backward, together
         g = fresh();
-        Work sent = pp.send_async(buffer_of(outputs[static_cast<std::size_t>(i)].detach()), next, 0);
-        Work got = pp.recv_async(buffer_of(g), next, 1);
+        auto ex = pp.exchange_async(buffer_of(outputs[static_cast<std::size_t>(i)].detach()), next, 0, buffer_of(g), next, 1);
         count_send(outputs[static_cast<std::size_t>(i)]);
         timed([&] {
-          sent.wait();
-          got.wait();
+          ex.sent.wait();
+          ex.received.wait();
         });
       }
       const Tensor<compute_type, D> dx = backward(j, g);
       if (st.is_first()) continue;
       if (j + 1 < m - warm) {  // send backward, receive forward, together
         x = fresh();
-        Work sent = pp.send_async(buffer_of(dx), prev, 1);
-        Work got = pp.recv_async(buffer_of(x), prev, 0);
+        auto ex = pp.exchange_async(buffer_of(dx), prev, 1, buffer_of(x), prev, 0);
         count_send(dx);
         timed([&] {
-          sent.wait();
-          got.wait();
+          ex.sent.wait();
+          ex.received.wait();
         });
       } else {
         timed([&] { pp.send(buffer_of(dx), prev, 1); });
