@@ -138,8 +138,27 @@ inline std::string rank_prefix(const Options& o) {
   return o.world > 1 ? "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world) + ": " : std::string();
 }
 }  // namespace train_gpt
+#if TRAIN_GPT_CUDA
 #define TRAIN_GPT_GPU_RUN(P, C) extern template int train_gpt::train<P, C, tg::cuda>(const train_gpt::Options&, tg::capture::MemoryPlan*);
 TRAIN_GPT_RUNS(TRAIN_GPT_GPU_RUN)
+#endif
+
+namespace train_gpt {
+/// train<P, C, D> on the device --device names. The GPU runs exist in builds with the CUDA backend
+/// (TRAIN_GPT_CUDA, examples/gpt/CMakeLists.txt); a build without it compiles none of them (--device cuda stops
+/// at the device check before this is reached, and here with the same cause).
+template <class P, class C>
+int train_on_device(const Options& o, tg::capture::MemoryPlan* probe = nullptr) {
+  if (o.device == "cuda") {
+#if TRAIN_GPT_CUDA
+    return train<P, C, tg::cuda>(o, probe);
+#else
+    throw tg::Error("--device cuda: this train_gpt was built without the CUDA backend; train on the CPU with --device cpu");
+#endif
+  }
+  return train<P, C, tg::cpu>(o, probe);
+}
+}  // namespace train_gpt
 
 namespace train_gpt {
 /// --plan and --memory-budget (Note [compiled steps in the trainer]): captures one step of the run under each
@@ -163,7 +182,7 @@ inline void plan_memory(Options& o) {
     tg::amp::with_precision(q.precision, [&]<class P>() {
       return tg::with_checkpointing(q.checkpoint, [&]<class C>() {
         if (q.grid) return train_parallel<P, C>(q, &plan);
-        return q.device == "cuda" ? train<P, C, tg::cuda>(q, &plan) : train<P, C, tg::cpu>(q, &plan);
+        return train_on_device<P, C>(q, &plan);
       });
     });
     std::int64_t peak = plan.peak_bytes();
@@ -251,7 +270,7 @@ int main(int argc, char** argv) {
     // The run-time choices become types here, once: precision policy, checkpointing, device.
     return tg::amp::with_precision(o.precision, [&]<class P>() {
       return tg::with_checkpointing(o.checkpoint, [&]<class C>() {
-        return o.device == "cuda" ? train_gpt::train<P, C, tg::cuda>(o) : train_gpt::train<P, C, tg::cpu>(o);
+        return train_gpt::train_on_device<P, C>(o);
       });
     });
   } catch (const tg::optim::NonFiniteStep& e) {
