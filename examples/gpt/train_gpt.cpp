@@ -158,9 +158,7 @@ int train_on_device(const Options& o, tg::capture::MemoryPlan* probe = nullptr) 
   }
   return train<P, C, tg::cpu>(o, probe);
 }
-}  // namespace train_gpt
 
-namespace train_gpt {
 /// --plan and --memory-budget (Note [compiled steps in the trainer]): captures one step of the run under each
 /// candidate checkpointing, prints the plans, and sets o.checkpoint to the choice (a budget that nothing fits
 /// is an error before any training). On a --tp/--pp grid every rank captures its own step and the peak that

@@ -124,7 +124,8 @@ class Communicator {
   /// which may at the same moment post the mirror exchange. The default posts send_async, then recv_async
   /// (non-blocking MPI completes them in either order); NCCL, whose send and receive on one stream would
   /// otherwise run one after the other (two ranks sending to each other first would wait on each other
-  /// forever), issues the two as one group. `received` is complete when both are (NCCL: one event for both).
+  /// forever), issues the two as one group. Wait on both Works: under NCCL `received` completes both and `sent`
+  /// is already complete.
   struct Exchange {
     Work sent, received;
   };
