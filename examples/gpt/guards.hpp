@@ -216,8 +216,6 @@ void validate_options(const Options& o) {
       throw tg::Error("--tp/--pp: --plot, --sample-every, --log-errors warn and --allow-nonfinite-weights are not combined with the grid run yet");
     if (o.device_boundary) throw tg::Error("--device-boundary is not combined with --tp/--pp (their ranks decide each step together, on the host)");
   }
-  if (o.device_boundary && !o.dist.empty())
-    throw tg::Error("--device-boundary runs on one process: with --dist the ranks decide each step together, on the host");
   if (o.device_boundary && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "sgd")
     throw tg::Error("--device-boundary needs --optimizer adamw, adam or sgd (their kernels read the step from the device; lamb and adafactor read "
                     "their per-tensor norms back on the host); got ", o.optimizer);

@@ -9,6 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -250,6 +253,8 @@ struct Setup {
   bool reduce_bf16 = false;
   int inject_inf_step = -1;  // this step's loss is multiplied by inf (on the last rank only when distributed)
   double clip = 1.0;
+  bool device_boundary = false;  // Note [the device boundary across ranks]
+  tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
 };
 
 struct Result {
@@ -259,6 +264,8 @@ struct Result {
   std::vector<std::string> names;
   std::vector<tg::optim::NamedTensor> state;  // the optimizer's (consolidated on rank 0 when distributed)
   std::vector<std::string> owned_state;       // parameters with optimizer state on this rank
+  std::vector<double> norms;                  // each step's global gradient norm
+  std::int64_t decided_on_device = 0;         // steps whose boundary the device decided
 };
 
 template <class Policy>
@@ -270,7 +277,7 @@ Result train(const Setup& s) {
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
   std::optional<tg::dist::DataParallel<tg::cpu>> dp;
-  tg::train::StepOptions options{.clip = s.clip};
+  tg::train::StepOptions options{.clip = s.clip, .on_non_finite = s.on_non_finite, .device_boundary = s.device_boundary};
   if (s.sharding) {
     dp.emplace(W(), ps, tg::dist::DataParallelOptions{.sharding = *s.sharding, .bucket_bytes = 8 << 10, .reduce_bf16 = s.reduce_bf16});
     options.sync = &*dp;
@@ -289,7 +296,9 @@ Result train(const Setup& s) {
     const auto r = step.run(model, [&] { return rows_of(k++, first, rows, cfg.vocab_size); }, drop, loss_fn);
     out.losses.push_back(r.loss);
     out.skipped.push_back(r.skipped);
+    out.norms.push_back(r.grad_norm);
   }
+  out.decided_on_device = step.steps_decided_on_device();
   for (const auto& p : ps) {
     out.weights.push_back(p.tensor.to_vector());
     out.names.push_back(p.name);
@@ -464,6 +473,95 @@ TEST(DataParallel, AConsolidatedCheckpointResumesSharded) {
   W().barrier();
   if (rank() == 0) std::filesystem::remove_all(dir);
   for (int i = 0; i < 20; ++i) EXPECT_LE(std::abs(losses[static_cast<std::size_t>(i)] - ref.losses[static_cast<std::size_t>(i)]) / ref.losses[static_cast<std::size_t>(i)], 1e-6) << "step " << i;
+}
+
+// ---- the step boundary on the device in a data-parallel run (Note [the device boundary across ranks]) -----
+
+/// `got` and `ref` bit for bit: each step's loss, skip and norm, and every weight.
+void expect_same_bits(const Result& got, const Result& ref, const char* what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&got.losses[i], &ref.losses[i], sizeof(double)), 0) << what << ": loss of step " << i << ": " << got.losses[i] << " vs " << ref.losses[i];
+    EXPECT_EQ(got.skipped[i], ref.skipped[i]) << what << ": step " << i;
+    EXPECT_EQ(std::memcmp(&got.norms[i], &ref.norms[i], sizeof(double)), 0) << what << ": norm of step " << i << ": " << got.norms[i] << " vs " << ref.norms[i];
+  }
+  ASSERT_EQ(got.weights.size(), ref.weights.size());
+  for (std::size_t t = 0; t < ref.weights.size(); ++t) {
+    ASSERT_EQ(got.weights[t].size(), ref.weights[t].size());
+    EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), got.weights[t].size() * sizeof(float)), 0) << what << ": " << ref.names[t];
+  }
+  if (rank() == 0) std::printf("[ dist ] %s, %d ranks: the device boundary equals the host boundary bit for bit\n", what, size());
+}
+
+TEST(DataParallel, DeviceBoundaryEqualsTheHostBoundaryBitForBit) {
+  // DDP, ZeRO-1 (with grad accumulation 2) and ZeRO-2, clipping at 1.0: losses, norms and weights of the host boundary.
+  const std::pair<Sharding, const char*> runs[] = {{Sharding::none, "ddp fp32"}, {Sharding::optimizer, "zero1 fp32, grad-accum 2"},
+                                                    {Sharding::gradients, "zero2 fp32"}};
+  for (const auto& [sharding, what] : runs) {
+    const std::int64_t accum = sharding == Sharding::optimizer ? 2 : 1;
+    const auto host = train<tg::amp::fp32_policy>({.accum = accum, .steps = 8, .sharding = sharding, .clip = 0.5});
+    const auto device = train<tg::amp::fp32_policy>({.accum = accum, .steps = 8, .sharding = sharding, .clip = 0.5, .device_boundary = true});
+    EXPECT_EQ(host.decided_on_device, 0);
+    EXPECT_EQ(device.decided_on_device, 8) << what;
+    expect_same_bits(device, host, what);
+    // The norm was measured over every rank's gradients: the one process's (to the reduction order).
+    const auto one = train<tg::amp::fp32_policy>({.accum = accum, .steps = 8, .clip = 0.5});
+    for (std::size_t i = 0; i < one.norms.size(); ++i) EXPECT_NEAR(device.norms[i], one.norms[i], 1e-5 * one.norms[i]) << what << ", step " << i;
+  }
+}
+
+TEST(DataParallel, DeviceBoundaryFp16InfOnOneRankSkipsTheStepOnEveryRank) {
+  for (const auto sharding : {Sharding::none, Sharding::gradients}) {
+    const auto host = train<tg::amp::fp16_mixed>({.steps = 8, .sharding = sharding, .inject_inf_step = 5});
+    const auto device = train<tg::amp::fp16_mixed>({.steps = 8, .sharding = sharding, .inject_inf_step = 5, .device_boundary = true});
+    ASSERT_TRUE(device.skipped[5]);
+    EXPECT_EQ(device.decided_on_device, 8);
+    expect_same_bits(device, host, sharding == Sharding::none ? "ddp fp16, an inf at step 5" : "zero2 fp16, an inf at step 5");
+  }
+}
+
+TEST(DataParallel, DeviceBoundaryNonFiniteLossOnOneRank) {
+  // fp32 with no scaler: a non-finite loss on the last rank only. Under OnNonFinite::skip every rank skips the
+  // step; under stop every rank stops, and the others say the loss was another rank's.
+  const auto host = train<tg::amp::fp32_policy>({.steps = 6, .sharding = Sharding::gradients, .inject_inf_step = 3,
+                                                 .on_non_finite = tg::optim::OnNonFinite::skip});
+  const auto device = train<tg::amp::fp32_policy>({.steps = 6, .sharding = Sharding::gradients, .inject_inf_step = 3,
+                                                   .device_boundary = true, .on_non_finite = tg::optim::OnNonFinite::skip});
+  ASSERT_TRUE(device.skipped[3]);
+  expect_same_bits(device, host, "zero2 fp32, a non-finite loss at step 3, skipped");
+  for (const bool on_device : {false, true}) {
+    try {
+      train<tg::amp::fp32_policy>({.steps = 6, .sharding = Sharding::none, .inject_inf_step = 3, .device_boundary = on_device,
+                                   .on_non_finite = tg::optim::OnNonFinite::stop});
+      ADD_FAILURE() << "no NonFiniteStep on rank " << rank() << (on_device ? " (device boundary)" : " (host boundary)");
+    } catch (const tg::optim::NonFiniteStep& e) {
+      const std::string expected = rank() == size() - 1 ? "the loss is inf" : "another rank's loss is not finite";
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "rank " << rank() << ": " << e.what();
+    }
+  }
+}
+
+TEST(DataParallel, DeviceBoundaryNeedsASyncThatSumsOnTheDevice) {
+  // A model-parallel group's sync decides on the host (its sum_on_device is not there): an error at construction.
+  struct HostOnly final : tg::train::StepSync {
+    void sum(std::span<double>) const override {}
+    bool sharded_grads() const override { return false; }
+    int ranks() const override { return 2; }
+    void before_backward(std::int64_t, std::int64_t) override {}
+    void after_backward(std::int64_t, std::int64_t) override {}
+    void after_update() override {}
+  } host_only;
+  tg::Generator init(7);
+  tg::nn::GPT model(tiny_config(), init);
+  const auto ps = model.named_parameters();
+  tg::optim::AdamW opt(ps, {.lr = 1e-3f});
+  tg::optim::Schedule sched = tg::optim::Constant{1e-3f};
+  try {
+    tg::train::TrainStep<tg::amp::fp32_policy> step(ps, opt, sched, {.sync = &host_only, .device_boundary = true});
+    ADD_FAILURE() << "no error";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decide each step on the host"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DataParallel, RanksWithDifferentModelsStopNamingIt) {

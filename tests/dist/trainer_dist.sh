@@ -4,7 +4,7 @@
 #  1. DDP on 2 ranks x --batch 4 logs the losses of one process with --batch 8 (fp32), within 1e-6 relative;
 #  2. a ZeRO-2 run on 2 ranks x --batch 6 saves a consolidated checkpoint at step 6; it resumes on 1 rank
 #     (--batch 12, no --dist) and on 3 ranks (ZeRO-1, --batch 4), and both log the uninterrupted run's losses
-#     for steps 7-12;
+#     for steps 7-12; --device-boundary on DDP and ZeRO-2 logs the host boundary's losses bit for bit;
 #  3. --tp 2 --pp 2 on 4 ranks logs one process's losses; its checkpoint resumes alone, on 2 data-parallel
 #     ranks and on --tp 2 with the same losses; --tp 2 --dist zero1 on 4 ranks too, and its checkpoint resumes
 #     alone; --sequence-parallel on --tp 2 --pp 2 (with dropout) and on --tp 2 --dist zero2 logs the one
@@ -57,6 +57,14 @@ if grep -q "resuming with a different setting" alone.out; then echo "FAIL: the 1
 run -np 3 "$T" "${C[@]}" --steps 12 --batch 4 --dist zero1 --resume ck/ckpt-00000006.safetensors --log three.jsonl > three.out
 same_losses alone.jsonl zero2.jsonl 7 1e-6
 same_losses three.jsonl zero2.jsonl 7 1e-6
+
+# 2b. --device-boundary with --dist (Note [the device boundary across ranks]): the ranks sum their losses, overflow
+#     flags and (ZeRO) squared norms on the device; the host boundary's losses bit for bit, DDP and ZeRO-2.
+run -np 2 "$T" "${C[@]}" --steps 10 --batch 4 --dist ddp --bucket-mb 0.25 --device-boundary --log ddp_dev.jsonl > ddp_dev.out
+grep -q "step boundary on the device" ddp_dev.out
+same_losses ddp_dev.jsonl ddp.jsonl 1 0
+run -np 2 "$T" "${C[@]}" --steps 12 --batch 6 --dist zero2 --bucket-mb 0.25 --device-boundary --log zero2_dev.jsonl > zero2_dev.out
+same_losses zero2_dev.jsonl zero2.jsonl 1 0
 
 # 3. A process grid (Note [model parallelism in the trainer]): tp 2 x pp 2 on 4 ranks logs the one process's
 #    losses; its checkpoint (one-process layout) resumes alone and on 2 data-parallel ranks with the same losses.

@@ -12,6 +12,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,7 @@ class DataParallel final : public train::StepSync {
              "DataParallel: a CUDA communicator must span the MPI world (rank ", comm_.rank(), " of ", comm_.size(),
              ", world rank ", world().rank(), " of ", world().size(), ")");
     check_same_parameters();
+    for (std::size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i].name, i);
     build_buckets();
     assign_owners();
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -185,6 +187,21 @@ class DataParallel final : public train::StepSync {
   void sum(std::span<double> values) const override { host_comm().all_reduce(values, ReduceOp::sum); }
   bool sharded_grads() const override { return options_.sharding != Sharding::none && comm_.size() > 1; }
   int ranks() const override { return comm_.size(); }
+  bool updates_here(const std::string& name) const override {
+    if (options_.sharding == Sharding::none || comm_.size() == 1) return true;
+    const auto it = index_.find(name);
+    TG_CHECK(it != index_.end(), "DataParallel: no parameter named '", name, "'");
+    return owner_[it->second] == comm_.rank();
+  }
+  /// The device boundary's sums (Note [the device boundary across ranks]): over the gradients' communicator,
+  /// on their device (NCCL on a GPU: queued on the stream, the host waits for it as for a bucket).
+  bool sums_on_device() const override { return true; }
+  void sum_on_device(double* values, std::int64_t count) const override {
+    if (comm_.size() == 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_.all_reduce_async(Buffer{values, count, DType::f64, device_traits<D>::kind}, ReduceOp::sum).wait();
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   void before_backward(std::int64_t micro, std::int64_t n) override {
     if (micro == 0 && options_.sharding != Sharding::gradients) install_views();
@@ -433,10 +450,11 @@ class DataParallel final : public train::StepSync {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_, hook_index_;
   std::vector<int> owner_;
+  std::unordered_map<std::string, std::size_t> index_;  // parameter name -> index into params_
   std::vector<std::int64_t> seen_, expected_;
   std::size_t next_launch_ = 0;
   bool syncing_ = false, counted_ = false;
-  CommStats stats_;
+  mutable CommStats stats_;  // sum_on_device (a const CrossRank call) counts its wait too
 };
 
 }  // namespace tg::dist

@@ -3,8 +3,11 @@
 //   accum.cross_rank(&mine);   // GradAccumulator::micro_step then decides skips and norms for every rank alike
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
+
+#include "typegrad/core/error.hpp"
 
 namespace tg::optim {
 
@@ -34,6 +37,25 @@ class CrossRank {
     (void)param;
     return true;
   }
+  /// Whether this rank's optimizer updates parameter `param` (ZeRO: its owner only; the others hold no
+  /// gradient and no state for it, so the device boundary reads the step count of the ones it updates).
+  virtual bool updates_here(const std::string& param) const {
+    (void)param;
+    return true;
+  }
+
+  // The device boundary (Note [the device boundary across ranks], optim/device_boundary.hpp): sums of fp64
+  // values that live on the step's device, queued in the device's order, read by nothing on the host.
+  /// Whether sum_on_device and sum_norms_on_device work (a data-parallel run's sync; not the model-parallel ones).
+  virtual bool sums_on_device() const { return false; }
+  /// Sums `count` fp64 values at `values`, on the step's device, over the ranks, in place.
+  virtual void sum_on_device(double* values, std::int64_t count) const {
+    (void)values;
+    (void)count;
+    throw Error("CrossRank: this run's ranks decide each step on the host; it cannot sum values on the device");
+  }
+  /// sum_on_device over the ranks whose squared norms add up (as sum_norms).
+  virtual void sum_norms_on_device(double* values, std::int64_t count) const { sum_on_device(values, count); }
 };
 
 }  // namespace tg::optim

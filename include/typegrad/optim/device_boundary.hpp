@@ -6,6 +6,7 @@
 //   b.decide(opt);  opt.step_on_device(b.state());  opt.zero_grad();  const auto r = b.read();
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -13,15 +14,35 @@
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
 #include "typegrad/detail/kernels/optim.hpp"
+#include "typegrad/optim/cross_rank.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
 
+// Note [the device boundary across ranks]
+// In a data-parallel run (dist::DataParallel: DDP, ZeRO-1, ZeRO-2) every rank runs its own boundary and all
+// must decide alike (Note [cross-rank step decisions]). The host boundary sums its flags and norms over the
+// ranks on the host; the device boundary sums the same values where they live. Its state keeps them adjacent
+// (kLoss, kBadLoss, kFoundInf, kSumSquares), and decide() runs, after unscale and Σ g² and before
+// boundary_decide:
+//   * one all-reduce (sum) of kLoss, kBadLoss and kFoundInf over every rank: the losses' sum (run() divides
+//     by the ranks: the mean), how many ranks saw a non-finite loss, how many an overflow;
+//   * with sharded gradients (ZeRO, sharded_grads()), one all-reduce of kSumSquares over the ranks that hold
+//     different parameters (sum_norms_on_device): the global Σ g². Under DDP every rank holds the whole
+//     averaged gradient, so its own sum is already the global one.
+// Both go through the run's communicator on the step's device (NCCL on a GPU, MPI on the CPU), in the
+// device's order: the host reads nothing until the step's one read. The norm counts a parameter only where
+// counts_in_norm() says so, as clip_grad_norm does; kBadLossValue stays this rank's own, so the readout tells
+// "my loss" (bad_loss_here) from "another rank's". The sums are those the host boundary makes, of the same
+// fp64 values through the same communicator, so the two boundaries stay the same bit for bit
+// (tests/dist/test_dist.cpp, DataParallel.DeviceBoundary*).
+
 /// What the host reads of a step decided on the device.
 struct BoundaryReadout {
-  double loss = 0;            ///< Σ micro-batch loss / n
-  bool bad_loss = false;      ///< a micro-batch loss was inf or NaN
-  double bad_loss_value = 0;  ///< the first such loss
+  double loss = 0;            ///< Σ micro-batch loss / n (in a data-parallel step: summed over the ranks)
+  bool bad_loss = false;      ///< a micro-batch loss was inf or NaN (on any rank)
+  bool bad_loss_here = false; ///< ... on this rank
+  double bad_loss_value = 0;  ///< this rank's first such loss
   bool found_inf = false;     ///< unscale met an inf or NaN gradient
   bool norm_measured = false;
   double norm = 0;            ///< the global gradient norm before clipping (when measured)
@@ -32,10 +53,14 @@ struct BoundaryReadout {
 template <Device D>
 class DeviceBoundary {
  public:
-  explicit DeviceBoundary(backend::BoundaryRule rule)
-      : rule_(rule), state_(Tensor<fp64, D>::zeros({backend::kBoundarySize})), factor_(Tensor<fp32, D>::ones({})) {
+  /// `cross`: the other ranks of a data-parallel run (watched, not owned; it must sum on the device:
+  /// CrossRank::sums_on_device), or nullptr for one process.
+  explicit DeviceBoundary(backend::BoundaryRule rule, const CrossRank* cross = nullptr)
+      : rule_(rule), cross_(cross), state_(Tensor<fp64, D>::zeros({backend::kBoundarySize})), factor_(Tensor<fp32, D>::ones({})) {
     TG_CHECK(!rule.clip || (rule.max_norm >= 0 && rule.max_norm == rule.max_norm), "DeviceBoundary: max_norm must be >= 0, got ",
              rule.max_norm);
+    TG_CHECK(!cross_ || cross_->sums_on_device(), "DeviceBoundary: this run's ranks decide each step on the host (a model-parallel ",
+             "group); the step boundary on the device takes a data-parallel run or one process");
   }
 
   /// The host's part of a step, before its first forward: the schedule's lr, the optimizer's update count
@@ -66,18 +91,29 @@ class DeviceBoundary {
   void decide(const Opt& opt) {
     grads_.clear();
     sizes_.clear();
+    cgrads_.clear();
+    csizes_.clear();
+    const bool sharded = cross_ && cross_->ranks() > 1 && cross_->sharded_grads();
     opt.for_each_param([&](const BasicParam<D>& p) {
       const Tensor<fp32, D> g = p.tensor.grad();
       if (!g.defined() || g.numel() == 0) return;
       TG_CHECK(g.is_contiguous(), "DeviceBoundary: the gradient of '", p.name, "' is not contiguous");
       grads_.push_back(g.data());
       sizes_.push_back(g.numel());
+      if (sharded && !cross_->counts_in_norm(p.name)) return;  // counted on another rank (as clip_grad_norm)
+      cgrads_.push_back(g.data());
+      csizes_.push_back(g.numel());
     });
     const int count = static_cast<int>(grads_.size());
     if (rule_.scaler_checks) TG_BACKEND(D, boundary_unscale<fp32>(grads_.data(), sizes_.data(), count, state_.data()));
-    if (rule_.clip || (rule_.check_non_finite && !rule_.scaler_checks)) {
-      cgrads_.assign(grads_.begin(), grads_.end());
-      TG_BACKEND(D, boundary_sum_squares<fp32>(cgrads_.data(), sizes_.data(), count, state_.data()));
+    const bool measures = rule_.clip || (rule_.check_non_finite && !rule_.scaler_checks);
+    if (measures)
+      TG_BACKEND(D, boundary_sum_squares<fp32>(cgrads_.data(), csizes_.data(), static_cast<int>(cgrads_.size()), state_.data()));
+    if (cross_ && cross_->ranks() > 1) {  // Note [the device boundary across ranks]
+      static_assert(backend::kBadLoss == backend::kLoss + 1 && backend::kFoundInf == backend::kLoss + 2 &&
+                    backend::kSumSquares == backend::kLoss + 3);
+      cross_->sum_on_device(state_.data() + backend::kLoss, 3);
+      if (measures && sharded) cross_->sum_norms_on_device(state_.data() + backend::kSumSquares, 1);
     }
     TG_BACKEND(D, boundary_decide<fp32>(state_.data(), rule_));
     if (rule_.clip) TG_BACKEND(D, boundary_clip<fp32>(grads_.data(), sizes_.data(), count, state_.data()));
@@ -94,6 +130,7 @@ class DeviceBoundary {
     r.loss = v[backend::kLoss];
     r.bad_loss = v[backend::kBadLoss] != 0;
     r.bad_loss_value = v[backend::kBadLossValue];
+    r.bad_loss_here = r.bad_loss && !std::isfinite(r.bad_loss_value);  // 0 when this rank's losses were finite
     r.found_inf = v[backend::kFoundInf] != 0;
     r.norm_measured = v[backend::kNormMeasured] != 0;
     r.norm = v[backend::kNorm];
@@ -106,11 +143,12 @@ class DeviceBoundary {
 
  private:
   backend::BoundaryRule rule_;
+  const CrossRank* cross_ = nullptr;
   Tensor<fp64, D> state_;
   Tensor<fp32, D> factor_;
   std::vector<fp32*> grads_;  // reused: no allocation in the steady state
-  std::vector<const fp32*> cgrads_;
-  std::vector<std::int64_t> sizes_;
+  std::vector<const fp32*> cgrads_;  // those the norm counts
+  std::vector<std::int64_t> sizes_, csizes_;
   mutable std::int64_t reads_ = 0;
 };
 

@@ -186,6 +186,7 @@ class GradAccumulator {
     }
     opt.undo_step();
     if (!found_inf && on_non_finite_ == OnNonFinite::stop) {
+      if (r.bad_loss && !r.bad_loss_here) throw NonFiniteStep("another rank's loss is not finite; no update was applied");
       if (r.bad_loss) throw NonFiniteStep("the loss is ", r.bad_loss_value, "; no update was applied");
       throw NonFiniteStep("the global gradient norm is ", r.norm, "; no update was applied");
     }

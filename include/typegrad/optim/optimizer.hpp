@@ -172,10 +172,17 @@ class BasicOptimizer : public AnyOptimizer {
   /// The update count every parameter shares (the t - 1 of the next step); an error naming two parameters
   /// when they differ (a parameter that had no gradient at some step).
   std::int64_t uniform_param_step() const {
+    return uniform_param_step([](const std::string&) { return true; });
+  }
+  /// uniform_param_step over the parameters `updated_here(name)` accepts (ZeRO: the ones this rank owns and
+  /// updates; CrossRank::updates_here).
+  template <class Pred>
+  std::int64_t uniform_param_step(Pred&& updated_here) const {
     const State* first = nullptr;
     const std::string* first_name = nullptr;
     for (auto& g : groups_)
       for (std::size_t i = 0; i < g.params.size(); ++i) {
+        if (!updated_here(g.params[i].name)) continue;
         if (!first) {
           first = &g.state[i];
           first_name = &g.params[i].name;

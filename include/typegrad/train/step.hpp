@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -85,7 +86,9 @@ struct StepOptions {
   /// Decide the boundary on the step's device (Note [the step boundary on the device]): the losses, the
   /// overflow check, the norm and clipping stay on the device, the optimizer reads its step from there, and
   /// run() reads the outcome once, after the step. The same results as the host boundary (bit for bit on the
-  /// CPU). Needs an optimizer that reads a device boundary (SGD, Adam, AdamW) and one process (no sync).
+  /// CPU). Needs an optimizer that reads a device boundary (SGD, Adam, AdamW), and one process or a
+  /// data-parallel sync, whose ranks then sum their values on the device (Note [the device boundary across
+  /// ranks]); a model-parallel run's ranks decide on the host.
   bool device_boundary = false;
 };
 
@@ -114,7 +117,8 @@ class TrainStep {
     accum_.on_non_finite(options_.on_non_finite);
     accum_.cross_rank(options_.sync);
     if (options_.device_boundary) {
-      TG_CHECK(!options_.sync, "TrainStep: device_boundary runs on one process; a data-parallel step (sync) decides on the host");
+      TG_CHECK(!options_.sync || options_.sync->sums_on_device(), "TrainStep: device_boundary takes one process or a data-parallel ",
+               "run (dist::DataParallel); this run's ranks (a model-parallel group) decide each step on the host");
       TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (SGD, Adam, AdamW; LAMB and Adafactor read their norms back on the host); ", opt.name(),
                " does not");
       backend::BoundaryRule rule;
@@ -123,7 +127,7 @@ class TrainStep {
       rule.clip = options_.clip.has_value();
       rule.max_norm = options_.clip.value_or(0.0);
       TG_CHECK(!rule.clip || (rule.max_norm >= 0 && !std::isnan(rule.max_norm)), "clip_grad_norm: max_norm must be >= 0, got ", rule.max_norm);
-      boundary_.emplace(rule);
+      boundary_.emplace(rule, options_.sync);  // Note [the device boundary across ranks]
     }
   }
   TrainStep(const TrainStep&) = delete;
@@ -179,9 +183,9 @@ class TrainStep {
       }
     }
     if (options_.sync && options_.sync->ranks() > 1) {  // the mean over the ranks (equal micro-batches)
-      double mean = r.loss / options_.sync->ranks();
-      options_.sync->sum(std::span<double>(&mean, 1));
-      r.loss = mean;
+      double total = r.loss;  // summed, then divided: the device boundary's order (the same bits)
+      options_.sync->sum(std::span<double>(&total, 1));
+      r.loss = total / options_.sync->ranks();
     }
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();
@@ -220,7 +224,9 @@ class TrainStep {
   StepResult run_on_device(const Model& model, NextBatch& next_batch, Generator& dropout_gen, LossFn& loss_fn, StepResult r) {
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
     const float lr_before = opt_->lr();
-    const std::int64_t updates = opt_->uniform_param_step();
+    StepSync* const sync = options_.sync;
+    const std::int64_t updates =  // ZeRO: the parameters this rank updates (the others have no state here)
+        sync ? opt_->uniform_param_step([sync](const std::string& name) { return sync->updates_here(name); }) : opt_->uniform_param_step();
     boundary_->begin(r.lr, updates, opt_->device_step_constants(updates + 1), r.scale, n);
     try {
       bool stepped = false;
@@ -228,14 +234,16 @@ class TrainStep {
         const auto batch = next_batch();
         const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
         boundary_->note_loss(loss, n);
+        if (sync) sync->before_backward(m, n);
         mul(loss, boundary_->loss_factor()).backward();  // accum.scale(loss, scaler) with the factor on the device
+        if (sync) sync->after_backward(m, n);
         if (m + 1 == n && options_.before_update) options_.before_update();
         if (m + 1 == n) opt_->set_lr(r.lr);
         stepped = accum_.micro_step_on_device(*opt_, *boundary_) || stepped;
       }
       TG_CHECK(stepped, "TrainStep: the step ended between micro-batches (restore_steps mid-step?)");
       const optim::BoundaryReadout out = boundary_->read();  // the step's one read
-      r.loss = out.loss;
+      r.loss = sync && sync->ranks() > 1 ? out.loss / sync->ranks() : out.loss;  // summed over the ranks: their mean
       accum_.finish_device_step(*opt_, *schedule_, precision_.scaler, out);
     } catch (...) {  // nothing counted for a step that did not finish (NonFiniteStep: nothing was applied)
       accum_.abandon_device_step(*opt_);
@@ -244,10 +252,12 @@ class TrainStep {
     }
     if (accum_.last_step_skipped()) {
       opt_->set_lr(lr_before);  // a skipped step leaves the optimizer's lr as it was
-    } else if (options_.after_update) {
-      options_.after_update();
+    } else {
+      if (sync) sync->after_update();  // ZeRO: every rank gathers the owners' weights
+      if (options_.after_update) options_.after_update();
     }
-    precision_.after_step(accum_, options_.after_update ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
+    const bool masters_changed = options_.after_update || (sync && sync->changes_weights_after_update());
+    precision_.after_step(accum_, masters_changed ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();
     return r;

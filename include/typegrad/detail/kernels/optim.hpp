@@ -58,6 +58,9 @@ struct AdamScalars {
 //   boundary_decide      skip = found_inf (with a scaler that scales the loss) or, under OnNonFinite stop or
 //                        skip, a non-finite loss or norm; the norm and the clipping factor.
 //   boundary_clip        g *= float(coef) when the step is taken and coef < 1.
+// In a data-parallel step the ranks' losses, flags and (for sharded gradients) squared norms are summed in
+// place over the ranks between boundary_sum_squares and boundary_decide, on the device (Note [the device
+// boundary across ranks]).
 // The optimizer's kernel then reads skip, lr and t from the state (AdamScalars::boundary). The host reads the
 // state once after the step (one download) to report it and to advance its own counters (the scaler's
 // update, the schedule, the step counts) exactly as the host boundary does; the next begin hands the new
@@ -68,11 +71,13 @@ enum BoundarySlot : int {
   kLr = 0,          // the schedule's lr for this step (host-written)
   kStep,            // the optimizer's update count before this step (host-written)
   kScale,           // the loss scale S of this step's backward (host-written; 1 without a scaler)
-  kLoss,            // Σ micro-batch loss / n
-  kBadLoss,         // 1 when a micro-batch loss was inf or NaN
-  kBadLossValue,    // the first such loss
-  kFoundInf,        // 1 when unscale met an inf or NaN gradient
-  kSumSquares,      // Σ g² of the gradients the norm counts
+  // kLoss .. kSumSquares are adjacent: a data-parallel step sums them over the ranks in place (Note [the
+  // device boundary across ranks], optim/device_boundary.hpp).
+  kLoss,            // Σ micro-batch loss / n (over the ranks: their sum)
+  kBadLoss,         // 1 when a micro-batch loss was inf or NaN (over the ranks: how many had one)
+  kFoundInf,        // 1 when unscale met an inf or NaN gradient (over the ranks: how many did)
+  kSumSquares,      // Σ g² of the gradients the norm counts (sharded gradients: over the ranks)
+  kBadLossValue,    // this rank's first non-finite loss (0 when it had none)
   kNorm,            // sqrt(kSumSquares)
   kNormMeasured,    // 1 when the norm was measured (clipping or a non-finite check, and no overflow)
   kCoef,            // the clipping factor (1: no clipping)
