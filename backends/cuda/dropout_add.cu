@@ -1,5 +1,5 @@
 // dropout_add's CUDA kernel (Note [fused dropout and residual add] in ops/dropout_add.hpp): one thread per
-// element (grid-stride) over the contiguous operands, the CPU's Philox stream and keep rule, the dropped-out
+// Philox counter, four elements each (grid-stride) over the contiguous operands, the CPU's Philox stream and keep rule, the dropped-out
 // value rounded to T before the add: `add(x, dropout(r))` bit for bit in one launch.
 #define TG_KERNELS_ONLY
 #include <type_traits>
@@ -25,7 +25,8 @@ void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::ui
                          double p) {
   if (n == 0) return;
   const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));  // rounded as dropout_forward rounds it
-  dropout_add_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(x, r, out, n, seed, offset,
+  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;  // one thread each
+  dropout_add_kernel<T><<<detail::grid_for(counters), kThreads, 0, detail::stream()>>>(x, r, out, n, seed, offset,
                                                                                 static_cast<float>(p), scale);
   TG_CUDA_LAUNCHED();
 }

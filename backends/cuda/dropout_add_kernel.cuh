@@ -14,10 +14,15 @@ template <class T>
 __global__ void dropout_add_kernel(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed,
                                    std::uint64_t offset, float p, acc_t<T> scale) {
   using A = acc_t<T>;
-  TG_GRID_STRIDE(i, n) {
-    const auto w = ::tg::detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
-    const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[0]), p);
-    const T d = scalar_cast<T>(keep ? mul_rn(scalar_cast<A>(r[i]), scale) : A(0));
-    out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+  const std::int64_t lead = static_cast<std::int64_t>(offset % 4);  // as dropout_kernel: one thread per Philox counter
+  TG_GRID_STRIDE(c, (lead + n + 3) / 4) {
+    const auto w = ::tg::detail::philox_words(seed, offset / 4 + static_cast<std::uint64_t>(c));
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t i = 4 * c + j - lead;
+      if (i < 0 || i >= n) continue;
+      const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[j]), p);
+      const T d = scalar_cast<T>(keep ? mul_rn(scalar_cast<A>(r[i]), scale) : A(0));
+      out[i] = scalar_cast<T>(scalar_cast<A>(x[i]) + scalar_cast<A>(d));
+    }
   }
 }

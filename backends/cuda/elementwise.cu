@@ -80,7 +80,8 @@ void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std:
   if (n == 0) return;
   // p and the scale rounded exactly as the CPU kernel rounds them
   const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));
-  dropout_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
+  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;  // one thread each
+  dropout_kernel<T><<<detail::grid_for(counters), kThreads, 0, detail::stream()>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
                                                        static_cast<float>(p), scale);
   TG_CUDA_LAUNCHED();
 }

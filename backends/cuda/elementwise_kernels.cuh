@@ -51,14 +51,22 @@ __global__ void unary_backward_kernel(math::Unary op, const T* saved, const T* d
   }
 }
 
+/// Dropout over n elements whose mask starts at word position `offset` (Note [dropout replays its mask]): one
+/// thread per Philox counter, which decides its four words' elements (the first and the last counter may hold
+/// fewer of them); a grid for (offset % 4 + n + 3) / 4 items covers them once.
 template <class T>
 __global__ void dropout_kernel(const T* x, T* y, std::int64_t n, Geo g, std::uint64_t seed, std::uint64_t offset,
                                float p, acc_t<T> scale) {
   using A = acc_t<T>;
-  TG_GRID_STRIDE(i, n) {
-    const auto w = ::tg::detail::philox_words(seed, offset + static_cast<std::uint64_t>(i));
-    const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[0]), p);
-    y[i] = scalar_cast<T>(keep ? scalar_cast<A>(x[g.offset(i, 0)]) * scale : A(0));
+  const std::int64_t lead = static_cast<std::int64_t>(offset % 4);  // the first counter's words before element 0
+  TG_GRID_STRIDE(c, (lead + n + 3) / 4) {
+    const auto w = ::tg::detail::philox_words(seed, offset / 4 + static_cast<std::uint64_t>(c));
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t i = 4 * c + j - lead;
+      if (i < 0 || i >= n) continue;
+      const bool keep = math::dropout_keep(::tg::detail::uniform_from_bits(w[j]), p);
+      y[i] = scalar_cast<T>(keep ? scalar_cast<A>(x[g.offset(i, 0)]) * scale : A(0));
+    }
   }
 }
 

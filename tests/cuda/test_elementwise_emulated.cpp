@@ -519,8 +519,9 @@ TEST(ElementwiseEmulated, GradientAccumulation) {
 struct Stream {
   std::uint64_t seed, offset;
 };
-// the last offset's counters cross 2^32 inside the larger tensors; the one before starts above it
-constexpr Stream kStreams[] = {{0, 0}, {42, 17}, {0x0123456789abcdefull, (1ull << 33) + 5}, {7, (1ull << 32) - 100}};
+// Word positions (4 per Philox counter; the ops draw at 4 x their generator's counter): 17 and the last two start
+// inside a counter; the last one's counters cross 2^32 inside the larger tensors; the one before starts above it.
+constexpr Stream kStreams[] = {{0, 0}, {42, 17}, {0x0123456789abcdefull, (1ull << 35) + 5}, {7, 4 * ((1ull << 32) - 100) + 2}};
 constexpr double kP[] = {0.0, 0.1, 0.5, 0.999};
 
 /// A CPU tensor of `shape` from fixed values, and views of it: contiguous, transposed, permuted.
@@ -562,11 +563,13 @@ void check_dropout() {
         // the CPU op (p = 0 returns x: the backend kernel then, which the op would run)
         std::vector<T> want(static_cast<std::size_t>(n));
         cpu::dropout_forward<T>(x.data(), x.strides(), want.data(), x.shape(), s.seed, s.offset, p);
-        if (p > 0) {
+        if (p > 0) {  // the op draws its mask at the word position of its generator's counter (Note [dropout replays its mask])
           tg::Generator gen;
           gen.set_state(s.seed, s.offset);
-          expect_equal(values_of(tg::dropout(x, p, gen)), want, true, what + " (op vs backend)");
-          EXPECT_EQ(gen.offset(), s.offset + static_cast<std::uint64_t>(n)) << what;
+          std::vector<T> want_op(static_cast<std::size_t>(n));
+          cpu::dropout_forward<T>(x.data(), x.strides(), want_op.data(), x.shape(), s.seed, tg::detail::dropout_position(s.offset), p);
+          expect_equal(values_of(tg::dropout(x, p, gen)), want_op, true, what + " (op vs backend)");
+          EXPECT_EQ(gen.offset(), s.offset + tg::detail::dropout_counters(static_cast<std::uint64_t>(n))) << what;
         } else {
           expect_equal(values_of(x), want, true, what + " (p = 0 is x)");
         }
@@ -610,8 +613,10 @@ void check_dropout_add() {
         tg::Generator g1, g2;
         g1.set_state(s.seed, s.offset);
         g2.set_state(s.seed, s.offset);
-        if (p > 0) expect_equal(values_of(tg::dropout_add(x, r, p, g1)), want, true, what + " (op vs backend)");
-        expect_equal(values_of(tg::add(x, tg::dropout(r, p, g2))), want, true, what + " (add of dropout)");
+        std::vector<T> want_op(static_cast<std::size_t>(n));  // the op's mask: at its counter's word position
+        cpu::dropout_add_forward<T>(x.data(), r.data(), want_op.data(), n, s.seed, tg::detail::dropout_position(s.offset), p);
+        if (p > 0) expect_equal(values_of(tg::dropout_add(x, r, p, g1)), want_op, true, what + " (op vs backend)");
+        expect_equal(values_of(tg::add(x, tg::dropout(r, p, g2))), want_op, true, what + " (add of dropout)");
         const auto scale = static_cast<A>(1.0 / (1.0 - p));
         for (const int shift : {0, 1}) {  // the kernel reads element by element: any alignment
           Buf<T> xb(n, shift), rb(n, 0);

@@ -90,9 +90,10 @@ OpEntry sequence_parallel_dropout_entry() {
       for (std::int64_t t = 0; t < Tl; ++t)
         for (std::int64_t j = 0; j < inner; ++j) {
           const std::size_t i = static_cast<std::size_t>((b * Tl + t) * inner + j);
-          // element (b, t0 + t, j) of the full (B, full, inner) tensor: the dropout rule of db_elementwise.cpp
-          const std::uint64_t at = offset + static_cast<std::uint64_t>((b * full + t0 + t) * inner + j);
-          const double u = static_cast<double>(tg::detail::philox_words(seed, at)[0] >> 8) / 16777216.0;
+          // element (b, t0 + t, j) of the full (B, full, inner) tensor: the dropout rule of db_elementwise.cpp (the
+          // mask at word 4·offset, word (4·offset + e) % 4 of counter (4·offset + e) / 4 for element e)
+          const std::uint64_t at = 4 * offset + static_cast<std::uint64_t>((b * full + t0 + t) * inner + j);
+          const double u = static_cast<double>(tg::detail::philox_words(seed, at / 4)[at % 4] >> 8) / 16777216.0;
           const bool keep = u >= static_cast<double>(static_cast<float>(p));
           out.data()[i] = !active ? v[i] : keep ? v[i] / (1.0 - p) : 0.0;
         }

@@ -37,8 +37,10 @@ OpEntry dropout_add_entry() {
     const std::vector<double> a = values(x[0]), b = values(x[1]);
     Tensor<double> out = Tensor<double>::empty(x[0].shape());
     for (std::size_t i = 0; i < a.size(); ++i) {
-      // dropout's documented rule: 24 random bits of word 0 as u in [0,1); keep iff u >= p (p in fp32)
-      const std::uint32_t w = tg::detail::philox_words(seed, offset + i)[0];
+      // dropout's documented rule: the mask starts at word 4·offset (the generator's counter); element i reads word
+      // (4·offset + i) % 4 of counter (4·offset + i) / 4, 24 random bits of it as u in [0,1); keep iff u >= p (p in fp32)
+      const std::uint64_t word = 4 * offset + i;
+      const std::uint32_t w = tg::detail::philox_words(seed, word / 4)[word % 4];
       const double u = static_cast<double>(w >> 8) / 16777216.0;
       const bool keep = u >= static_cast<double>(static_cast<float>(p));
       out.data()[i] = a[i] + (!active ? b[i] : keep ? b[i] / (1.0 - p) : 0.0);
@@ -89,9 +91,9 @@ TEST(OpDb_dropout_add_behaviour, OneNodeAndNoDrawWhenInactive) {
   const std::size_t nodes0 = autodiff::current_tape().live_nodes().size();
   const Tensor<float> a = tg::dropout_add(x, r, 0.3, g);
   EXPECT_EQ(autodiff::current_tape().live_nodes().size(), nodes0 + 1);
-  EXPECT_EQ(g.offset(), off0 + 8);
+  EXPECT_EQ(g.offset(), off0 + 2);  // 8 elements: 2 counters of 4 words
   const Tensor<float> b = tg::dropout_add(x, r, 0.3, g, /*training=*/false);
-  EXPECT_EQ(g.offset(), off0 + 8);
+  EXPECT_EQ(g.offset(), off0 + 2);  // 8 elements: 2 counters of 4 words
   for (float v : b.to_vector()) EXPECT_EQ(v, 2.f);
 }
 

@@ -170,18 +170,21 @@ OpEntry dropout_entry() {
     const std::vector<double> v = values(x[0]);
     Tensor<double> out = Tensor<double>::empty(x[0].shape());
     for (std::size_t i = 0; i < v.size(); ++i) {
-      // the documented rule: 24 random bits of word 0 as u in [0,1); keep iff u >= p (p in fp32)
-      const std::uint32_t w = tg::detail::philox_words(seed, offset + i)[0];
+      // the documented rule: the mask starts at word 4·offset (the generator's counter); element i reads word
+      // (4·offset + i) % 4 of counter (4·offset + i) / 4, 24 random bits of it as u in [0,1); keep iff u >= p (p in fp32)
+      const std::uint64_t word = 4 * offset + i;
+      const std::uint32_t w = tg::detail::philox_words(seed, word / 4)[word % 4];
       const double u = static_cast<double>(w >> 8) / 16777216.0;
       const bool keep = u >= static_cast<double>(static_cast<float>(p));
       out.data()[i] = !active ? v[i] : keep ? v[i] / (1.0 - p) : 0.0;
     }
     return out;
   });
-  // x · (1/(1-p)) with the factor rounded to the compute type: two roundings in fp32, one more in 16-bit.
+  // x · (1/(1-p)) with the factor rounded to the compute type: two roundings in fp32, one more in 16-bit; an fp16
+  // result below 2^-14 is subnormal, where that rounding's error is absolute: half of the spacing 2^-24.
   e.tol.fwd[1] = e.tol.grad[1] = {0.0, 3e-7};
   e.tol.fwd[2] = e.tol.grad[2] = {0.0, 1.1 * kHalfUlpBf16};
-  e.tol.fwd[3] = e.tol.grad[3] = {0.0, 1.1 * kHalfUlpFp16};
+  e.tol.fwd[3] = e.tol.grad[3] = {1.1 * std::ldexp(1.0, -25), 1.1 * kHalfUlpFp16};
   e.error("p_one", [] { Generator gen(1); tg::dropout(Tensor<float>::zeros({2, 3}), 1.0, gen); }, "dropout: p must be in [0, 1), got 1");
   e.error("p_negative", [] { Generator gen(1); tg::dropout(Tensor<float>::zeros({2, 3}), -0.5, gen); }, "dropout: p must be in [0, 1), got -0.5");
   e.error("p_nan", [] { Generator gen(1); tg::dropout(Tensor<float>::zeros({2, 3}), std::nan(""), gen); }, "dropout: p must be in [0, 1), got nan");
@@ -581,42 +584,60 @@ TEST(OpDb_dropout_behaviour, ConsumesCountersAndReplaysFromSeedOffset) {
   const Tensor<float> x = Tensor<float>::ones({4, 8});
   Generator gen(77);
   const Tensor<float> a = tg::dropout(x, 0.5, gen);
-  EXPECT_EQ(gen.offset(), 32u);  // one counter per element
+  EXPECT_EQ(gen.offset(), 8u);  // one counter per four elements
   const Tensor<float> b = tg::dropout(x, 0.5, gen);
-  EXPECT_EQ(gen.offset(), 64u);
+  EXPECT_EQ(gen.offset(), 16u);
   EXPECT_NE(a.to_vector(), b.to_vector());  // fresh counters, a fresh mask (equal with probability 2^-32)
   Generator replay(77);
   EXPECT_EQ(tg::dropout(x, 0.5, replay).to_vector(), a.to_vector());  // same (seed, offset): same mask
   // identity paths consume nothing
   EXPECT_EQ(tg::dropout(x, 0.0, gen).storage(), x.storage());
   EXPECT_EQ(tg::dropout(x, 0.5, gen, false).storage(), x.storage());
-  EXPECT_EQ(gen.offset(), 64u);
+  EXPECT_EQ(gen.offset(), 16u);
 }
 
-// Note [dropout masks in vectors]: the CPU kernels' vectorized keep rule is the definition (element i kept iff
-// uniform_from_bits(philox_words(seed, offset + i)[0]) >= p) for every length (whole vectors, pairs of them, the
-// scalar tail, several blocks), strided rows, and offsets whose counters carry into the high word.
+// Note [dropout masks in vectors]: the CPU kernels' vectorized keep rule is the definition (element i of a mask at
+// word position P kept iff uniform_from_bits(philox_words(seed, (P + i) / 4)[(P + i) % 4]) >= p) for every length
+// (whole vectors, pairs of them, the scalar tail, several blocks), strided rows, counters that carry into the high
+// word, and (through the backend kernels, as a sequence-parallel slice draws) positions inside a counter.
+bool keep_by_definition(std::uint64_t seed, std::uint64_t word, double p) {
+  return tg::math::dropout_keep(tg::detail::uniform_from_bits(tg::detail::philox_words(seed, word / 4)[word % 4]), static_cast<float>(p));
+}
+
 TEST(OpDb_dropout_behaviour, MaskIsTheDefinitionOverBlocksAndTheCarry) {
   const double p = 0.37;
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
   for (const std::uint64_t start : {std::uint64_t{0}, std::uint64_t{0xFFFFFFFFull} - 40, std::uint64_t{0x1FFFFFFF0ull}}) {
-    for (const std::int64_t n : {1, 15, 16, 31, 32, 33, 255, 256, 257, 700}) {
+    for (const std::int64_t n : {1, 15, 16, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 700}) {
       Generator gen(0x5eed5eed12345ull);
       gen.advance(start);
       const Tensor<float> x = Tensor<float>::arange(2 * n).view({n, 2}).transpose(0, 1);  // (2, n) strided
       const Tensor<float> y = tg::dropout(x, p, gen), r = Tensor<float>::ones({2, n});
+      EXPECT_EQ(gen.offset(), start + static_cast<std::uint64_t>((2 * n + 3) / 4)) << "four elements per counter";
       Generator gen2(0x5eed5eed12345ull);
-      gen2.advance(start + static_cast<std::uint64_t>(2 * n));
+      gen2.advance(start + 1000);
       const Tensor<float> z = tg::dropout_add(r, r, p, gen2);
       const auto xv = x.contiguous().to_vector(), yv = y.to_vector(), zv = z.to_vector();
-      const float scale = static_cast<float>(1.0 / (1.0 - p));
       for (std::int64_t i = 0; i < 2 * n; ++i) {
         const auto at = static_cast<std::size_t>(i);
-        const auto keep = [&](std::uint64_t counter) {
-          return tg::math::dropout_keep(tg::detail::uniform_from_bits(tg::detail::philox_words(gen.seed(), counter)[0]), static_cast<float>(p));
-        };
-        const bool k = keep(start + static_cast<std::uint64_t>(i)), k2 = keep(start + static_cast<std::uint64_t>(2 * n + i));
+        const bool k = keep_by_definition(gen.seed(), 4 * start + static_cast<std::uint64_t>(i), p);
+        const bool k2 = keep_by_definition(gen.seed(), 4 * (start + 1000) + static_cast<std::uint64_t>(i), p);
         ASSERT_EQ(yv[at], k ? xv[at] * scale : 0.f) << "dropout: start " << start << ", n " << n << ", element " << i;
         ASSERT_EQ(zv[at], 1.f + (k2 ? scale : 0.f)) << "dropout_add: start " << start << ", n " << n << ", element " << i;
+      }
+      // The backend kernels at every word position inside a counter (1, 2, 3 words in), contiguous and strided.
+      const Tensor<float> xc = x.contiguous();
+      for (const std::uint64_t lead : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}}) {
+        const std::uint64_t at0 = 4 * start + lead;
+        std::vector<float> out(static_cast<std::size_t>(2 * n)), out_add(static_cast<std::size_t>(2 * n));
+        tg::backend::cpu::dropout_forward<float>(x.data(), x.strides(), out.data(), x.shape(), gen.seed(), at0, p);
+        tg::backend::cpu::dropout_add_forward<float>(r.data(), xc.data(), out_add.data(), 2 * n, gen.seed(), at0, p);
+        for (std::int64_t i = 0; i < 2 * n; ++i) {
+          const auto at = static_cast<std::size_t>(i);
+          const bool k = keep_by_definition(gen.seed(), at0 + static_cast<std::uint64_t>(i), p);
+          ASSERT_EQ(out[at], k ? xv[at] * scale : 0.f) << "dropout_forward at word " << at0 << ", n " << n << ", element " << i;
+          ASSERT_EQ(out_add[at], 1.f + (k ? xv[at] * scale : 0.f)) << "dropout_add_forward at word " << at0 << ", n " << n << ", element " << i;
+        }
       }
     }
   }
@@ -639,8 +660,7 @@ TEST(OpDb_dropout_behaviour, Bf16ValuesAreTheDefinitionRoundedOnceEach) {
     const auto xv = x.to_vector(), rv = r.to_vector(), yv = y.to_vector(), ytv = yt.contiguous().to_vector(), zv = z.to_vector();
     for (std::int64_t i = 0; i < 2 * n; ++i) {
       const auto at = static_cast<std::size_t>(i);
-      const bool k = tg::math::dropout_keep(
-          tg::detail::uniform_from_bits(tg::detail::philox_words(gen.seed(), start + static_cast<std::uint64_t>(i))[0]), static_cast<float>(p));
+      const bool k = keep_by_definition(gen.seed(), 4 * start + static_cast<std::uint64_t>(i), p);
       const bf16 d(k ? static_cast<float>(xv[at]) * scale : 0.f);
       const bf16 sum(static_cast<float>(rv[at]) + static_cast<float>(d));
       ASSERT_EQ(yv[at].bits, d.bits) << "dropout: n " << n << ", element " << i;

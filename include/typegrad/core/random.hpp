@@ -34,6 +34,17 @@ TG_HOST_DEVICE inline std::array<std::uint32_t, 4> philox_words(std::uint64_t se
 }
 /// Uniform in [0, 1) with 24 random bits.
 TG_HOST_DEVICE inline float uniform_from_bits(std::uint32_t w) { return static_cast<float>(w >> 8) * 5.9604644775390625e-8f; }
+/// Dropout masks read all four words of each Philox counter (Note [dropout replays its mask]). A mask's place in
+/// its generator's stream is a word position: word w is word w % 4 of counter w / 4.
+inline constexpr std::uint64_t kDropoutWordsPerCounter = 4;
+/// The counters a dropout mask of n elements consumes.
+TG_HOST_DEVICE inline std::uint64_t dropout_counters(std::uint64_t n) { return (n + kDropoutWordsPerCounter - 1) / kDropoutWordsPerCounter; }
+/// The word position of counter `counter`'s first word.
+TG_HOST_DEVICE inline std::uint64_t dropout_position(std::uint64_t counter) { return counter * kDropoutWordsPerCounter; }
+/// The uniform of word position w of stream `seed`: element i of a mask at position p reads w = p + i.
+TG_HOST_DEVICE inline float dropout_uniform(std::uint64_t seed, std::uint64_t w) {
+  return uniform_from_bits(philox_words(seed, w / kDropoutWordsPerCounter)[w % kDropoutWordsPerCounter]);
+}
 /// Standard normal by Box–Muller from two words (uses 1 - u so log never sees 0).
 TG_HOST_DEVICE inline float normal_from_bits(std::uint32_t w0, std::uint32_t w1) {
   const float u1 = 1.0f - uniform_from_bits(w0);

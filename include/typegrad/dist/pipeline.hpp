@@ -48,7 +48,7 @@ namespace tg::dist {
 // The bubble, the fraction of a step a stage idles while the pipeline fills and drains, is (p-1)/(m+p-1)
 // for equal stages.
 // Dropout draws the one-process run's numbers: a micro-batch of the whole model draws from the generator in
-// a fixed order (the embedding's dropout, then two per block, each over B·T·C counters), so stage s knows
+// a fixed order (the embedding's dropout, then two per block, each over ceil(B·T·C / 4) counters), so stage s knows
 // where its draws begin (dropout_counters) and sets the generator there before each micro-batch's forward,
 // whatever the schedule's order; after the step every stage's generator stands where the one-process run's
 // does (m micro-batches further), so a checkpoint's generator state is the same on every rank and a resumed
@@ -64,7 +64,7 @@ struct DropoutCounters {
 inline DropoutCounters gpt_dropout_counters(const nn::GPTConfig& config, std::int64_t first, std::int64_t last, bool embeds, std::int64_t B,
                                             std::int64_t T) {
   if (config.dropout == 0.f) return {};
-  const auto n = static_cast<std::uint64_t>(B * T * config.n_embd);
+  const auto n = tg::detail::dropout_counters(static_cast<std::uint64_t>(B * T * config.n_embd));  // per dropout call
   const auto draws_before = static_cast<std::uint64_t>(first == 0 && embeds ? 0 : 1 + 2 * first);
   return {n * draws_before, n * static_cast<std::uint64_t>((embeds ? 1 : 0) + 2 * (last - first)),
           n * static_cast<std::uint64_t>(1 + 2 * config.n_layer)};

@@ -224,7 +224,8 @@ Tensor<T, D> sequence_parallel_dropout(const Tensor<T, D>& x, double p, Generato
            ") are outside a sequence of ", full_length);
   if (!training || p == 0.0) return x;
   const std::int64_t B = x.size(0), Tl = x.size(1), inner = B * Tl > 0 ? x.numel() / (B * Tl) : 0;
-  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(B * full_length * inner));
+  const std::uint64_t seed = gen.seed(),
+                      offset = tg::detail::dropout_position(gen.advance(tg::detail::dropout_counters(static_cast<std::uint64_t>(B * full_length * inner))));
   struct Saved {
     std::uint64_t seed, offset;
     double p;

@@ -12,15 +12,18 @@ namespace tg {
 
 // Note [dropout replays its mask]
 // Element i (row-major over the output's shape, whatever the input's strides) is kept iff
-// uniform_from_bits(philox_words(seed, offset + i)[0]) >= p (math::dropout_keep, p rounded to fp32),
-// where seed = gen.seed() and offset = gen.advance(numel) at the call. Kept elements are scaled by
+// dropout_uniform(seed, offset + i) >= p (math::dropout_keep, p rounded to fp32): the uniform of word
+// (offset + i) % 4 of philox_words(seed, (offset + i) / 4), so one Philox block decides four elements. Here
+// seed = gen.seed() and offset = dropout_position(gen.advance(dropout_counters(numel))) at the call: the
+// mask's word position, 4 per counter, the generator advanced by ceil(numel / 4) counters (core/random.hpp;
+// Note [dropout masks in vectors]). Kept elements are scaled by
 // 1/(1-p) (Srivastava et al. 2014, "inverted" form), so evaluation needs no rescaling. The Saved struct
 // holds (seed, offset, p) instead of a mask: backward recomputes the mask with the same kernel, a
 // checkpoint recompute replays the identical mask, and the memory held between forward and backward
 // is three scalars. p == 0 or training == false returns x itself, records nothing and consumes no
 // counters.
 
-/// What dropout keeps for backward: the Philox stream position of its mask and p.
+/// What dropout keeps for backward: the Philox stream position of its mask (a word position) and p.
 struct DropoutSaved {
   std::uint64_t seed = 0, offset = 0;
   double p = 0;
@@ -34,11 +37,12 @@ Tensor<T, D> dropout(const Tensor<T, D>& x, double p, Generator& gen, bool train
     if (auto f = detail::try_defer(fusion::Special::dropout, x.shape(), {&x})) {
       fusion::PairState& s = fusion::rewriter()->pair();
       s.seed = gen.seed();
-      s.offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
+      s.offset = detail::dropout_position(gen.advance(detail::dropout_counters(static_cast<std::uint64_t>(x.numel()))));
       s.p = p;
       return *f;
     }
-  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(x.numel()));
+  const std::uint64_t seed = gen.seed(),
+                      offset = detail::dropout_position(gen.advance(detail::dropout_counters(static_cast<std::uint64_t>(x.numel()))));
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
   TG_BACKEND(D, dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p));
   autodiff::record("dropout", out, DropoutSaved{seed, offset, p},

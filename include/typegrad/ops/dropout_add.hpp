@@ -10,7 +10,7 @@
 
 // Note [fused dropout and residual add]
 // The mask is dropout's (Note [dropout replays its mask]): element i of branch, row-major, is kept iff
-// uniform(philox(seed, offset + i)[0]) >= p, with offset = gen.advance(numel) at the call, so the draws and
+// dropout_uniform(seed, offset + i) >= p, with offset the word position dropout draws at the call, so the draws and
 // the generator's state after the call are dropout's. The dropped-out value is rounded to T before the add,
 // as the unfused pair stores it, so out is `add(x, dropout(branch))` bit for bit on each device. One node
 // "dropout_add": dx = dout, dbranch = dropout's mask applied to dout (recomputed from the saved seed and
@@ -60,7 +60,8 @@ Tensor<T, D> dropout_add(const Tensor<T, D>& x, const Tensor<T, D>& branch, doub
   TG_CHECK(x.shape() == branch.shape(), "dropout_add: x ", x.shape(), " and branch ", branch.shape(),
            " must have the same shape");
   if (!training || p == 0.0) return add(x, branch);
-  const std::uint64_t seed = gen.seed(), offset = gen.advance(static_cast<std::uint64_t>(branch.numel()));
+  const std::uint64_t seed = gen.seed(),
+                      offset = detail::dropout_position(gen.advance(detail::dropout_counters(static_cast<std::uint64_t>(branch.numel()))));
   return detail::dropout_add_at(x, branch, p, seed, offset);
 }
 
