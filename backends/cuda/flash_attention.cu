@@ -110,7 +110,7 @@ std::atomic<std::int64_t> g_flash_calls{0};
 template <class T, int HS>
 void forward_hs(const T* q, const T* k, const T* v, Heads in, T* out, Heads io, float* lse, std::int64_t B,
                 std::int64_t H, std::int64_t Tn, float scale, bool causal, FlashKernels kernels) {
-  const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+  const auto grid = static_cast<unsigned>(B * H * ((Tn + kRows - 1) / kRows));  // Note [attention grid]
   if (kernels == FlashKernels::registers) {
     static std::atomic<std::uint64_t> ready{0};
     allow_smem(mmak::forward_kernel<T, HS>, mmak::FwdSmem<HS>::bytes, ready);
@@ -145,7 +145,7 @@ void backward_hs(const T* q, const T* k, const T* v, Heads in, const T* out, con
   row_dot_kernel<T><<<static_cast<unsigned>(std::min<std::int64_t>((rows + 7) / 8, 65535LL * 8)), 256, 0, detail::stream()>>>(
       dout, out, io, d, H, Tn, rows, static_cast<int>(HS));
   TG_CUDA_LAUNCHED();
-  const dim3 grid(static_cast<unsigned>((Tn + kRows - 1) / kRows), static_cast<unsigned>(B * H));
+  const auto grid = static_cast<unsigned>(B * H * ((Tn + kRows - 1) / kRows));  // Note [attention grid]
   if (regs) {
     mmak::backward_dkdv_kernel<T, HS><<<grid, kBlockThreads, mmak::DkvSmem<HS>::bytes, detail::stream()>>>(
         q, k, v, in, dout, io, lse, d, dk, dv, H, Tn, scale, causal);
@@ -201,7 +201,8 @@ std::size_t smem_need(bool backward, FlashKernels kernels) {
 /// `kernels` is the choice read once by the entry point, so the check and the launch agree.
 bool usable(std::int64_t BH, std::int64_t Tn, std::int64_t hs, bool backward, FlashKernels kernels) {
   check_env();
-  if (!(BH > 0 && Tn > 0 && (hs == 64 || hs == 128) && BH <= 65535 && flash_enabled().load())) return false;
+  if (!(BH > 0 && Tn > 0 && (hs == 64 || hs == 128) && flash_enabled().load())) return false;
+  if (BH > (std::int64_t{1} << 31) / ((Tn + kRows - 1) / kRows) - 1) return false;  // the 1-D grid (Note [attention grid])
   return (hs == 64 ? smem_need<64>(backward, kernels) : smem_need<128>(backward, kernels)) <= smem_optin_limit();
 }
 

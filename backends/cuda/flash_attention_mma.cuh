@@ -221,8 +221,9 @@ __global__ void __launch_bounds__(kBlockThreads) forward_kernel(const T* q, cons
   T* ks = reinterpret_cast<T*>(smem + L::k);
   T* vs = reinterpret_cast<T*>(smem + L::v);
 
-  const std::int64_t head = blockIdx.y;
-  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // longest rows first
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head;
+  const std::int64_t q0 = (ht.tiles - 1 - ht.tile) * kRows;  // longest rows first
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int lane = threadIdx.x & 31, w0 = (threadIdx.x >> 5) * 16;
   const std::int64_t kend = causal && q0 + kRows < Tn ? q0 + kRows : Tn;
@@ -334,7 +335,8 @@ __global__ void __launch_bounds__(kBlockThreads) backward_dkdv_kernel(const T* q
   T* dos = reinterpret_cast<T*>(smem + L::dout);
   float* rs = reinterpret_cast<float*>(smem + L::rows);
 
-  const std::int64_t head = blockIdx.y, k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head, k0 = ht.tile * kRows;
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int lane = threadIdx.x & 31, w0 = (threadIdx.x >> 5) * 16;
   load_tile_async<HS, kRows>(ks, k + base, in.row, k0, Tn);
@@ -441,8 +443,9 @@ __global__ void __launch_bounds__(kBlockThreads) backward_dq_kernel(const T* q, 
   T* ks = reinterpret_cast<T*>(smem + L::k);
   T* vs = reinterpret_cast<T*>(smem + L::v);
 
-  const std::int64_t head = blockIdx.y;
-  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;  // longest rows first
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head;
+  const std::int64_t q0 = (ht.tiles - 1 - ht.tile) * kRows;  // longest rows first
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int lane = threadIdx.x & 31, w0 = (threadIdx.x >> 5) * 16;
   const std::int64_t kend = causal && q0 + kRows < Tn ? q0 + kRows : Tn;

@@ -18,6 +18,18 @@ struct WmmaType<fp16> {
 
 constexpr int kWarps = 4;               // warps per block; each owns 16 rows of the block's tile
 constexpr int kRows = 16 * kWarps;      // rows per block (queries in forward and dQ, keys in dK/dV)
+
+// Note [attention grid]: every attention kernel runs on a 1-D grid of B·H·tiles blocks, tiles = ceil(Tn / kRows),
+// numbered tile-fastest within a head: the order in which the hardware ran the former 2-D grid (tiles, B·H), whose
+// y dimension bounded B·H by 65535 (more ran the composite). gridDim.x allows 2^31 - 1 blocks.
+struct HeadTile {
+  std::int64_t head, tile, tiles;
+};
+/// This block's (head, row tile) and the tiles per head.
+__device__ __forceinline__ HeadTile head_tile(std::int64_t Tn) {
+  const std::int64_t tiles = (Tn + kRows - 1) / kRows, b = blockIdx.x;
+  return {b / tiles, b % tiles, tiles};
+}
 constexpr int kBlockThreads = 32 * kWarps;
 
 /// Byte offsets into dynamic shared memory, each buffer 128-byte aligned (WMMA needs 32).
@@ -132,7 +144,8 @@ __global__ void __launch_bounds__(kBlockThreads) flash_forward_kernel(const T* q
   float* ms = reinterpret_cast<float*>(smem + L::stats);
   float* ls = ms + kRows;
 
-  const std::int64_t head = blockIdx.y, q0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head, q0 = ht.tile * kRows;
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = warp * 16;
   load_tile<T, HS>(qs, q + base, in.row, q0, kRows, Tn);
@@ -252,7 +265,8 @@ __global__ void __launch_bounds__(kBlockThreads) flash_backward_dkdv_kernel(
   float* lses = reinterpret_cast<float*>(smem + L::rows);
   float* ds = lses + Q;
 
-  const std::int64_t head = blockIdx.y, k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head, k0 = ht.tile * kRows;
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = warp * 16;
   load_tile<T, HS>(ks, k + base, in.row, k0, kRows, Tn);
@@ -328,7 +342,8 @@ __global__ void __launch_bounds__(kBlockThreads) flash_backward_dq_kernel(
   float* lses = reinterpret_cast<float*>(smem + L::rows);
   float* dsum = lses + kRows;
 
-  const std::int64_t head = blockIdx.y, q0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const HeadTile ht = head_tile(Tn);  // Note [attention grid]
+  const std::int64_t head = ht.head, q0 = ht.tile * kRows;
   const std::int64_t base = head_offset(in, head, H), obase = head_offset(io, head, H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = warp * 16;
   load_tile<T, HS>(qs, q + base, in.row, q0, kRows, Tn);

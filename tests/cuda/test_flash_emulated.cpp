@@ -443,7 +443,8 @@ int run_case(int B, int H, int Tn, bool causal, bool packed, bool nan_case, unsi
   auto f = [](T x) { return static_cast<double>(static_cast<float>(x)); };
   if (nan_case) *const_cast<T*>(at(q, in, 0, std::min(Tn - 1, 70))) = T(NAN);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  const unsigned gx = static_cast<unsigned>((Tn + 63) / 64), gy = static_cast<unsigned>(BH);
+  // Note [attention grid]: one dimension, B·H·tiles blocks, tile-fastest within a head
+  const unsigned gx = static_cast<unsigned>(BH * ((Tn + 63) / 64)), gy = 1;
   namespace tk = tg::backend::cuda;
   if (tiles) launch(gx, gy, [&] { tk::flash_forward_kernel<T, HS>(q, k, v, in, out, io, lse, H, Tn, scale, causal); });
   else launch(gx, gy, [&] { mk::forward_kernel<T, HS>(q, k, v, in, out, io, lse, H, Tn, scale, causal); });
