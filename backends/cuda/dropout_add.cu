@@ -1,6 +1,6 @@
 // dropout_add's CUDA kernel (Note [fused dropout and residual add] in ops/dropout_add.hpp): one thread per
-// Philox counter, four elements each (grid-stride) over the contiguous operands, the CPU's Philox stream and keep rule, the dropped-out
-// value rounded to T before the add: `add(x, dropout(r))` bit for bit in one launch.
+// Philox counter, four elements each (grid-stride), over the contiguous operands; the CPU's Philox stream and
+// keep rule, the dropped-out value rounded to T before the add: `add(x, dropout(r))` bit for bit in one launch.
 #define TG_KERNELS_ONLY
 #include <type_traits>
 

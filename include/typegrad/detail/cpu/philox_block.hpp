@@ -1,11 +1,10 @@
 // The dropout keep rule over a run of consecutive elements, four per Philox counter, 16 counters per AVX-512
-// vector or 8 per AVX2 vector where the build has them (Note [dropout masks in vectors]). A private helper of the CPU backend (unary.cpp,
-// dropout_add.cpp).
+// vector or 8 per AVX2 vector where the build has them (Note [dropout masks in vectors]). A private helper of
+// the CPU backend (unary.cpp, dropout_add.cpp).
 #pragma once
 
-#include <cstdint>
-
 #include <algorithm>
+#include <cstdint>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define TG_PHILOX_AVX512 1
@@ -25,7 +24,7 @@ namespace tg::backend::cpu {
 // philox_words(seed, (P + i) / 4) (Note [dropout replays its mask]): one Philox4x32-10 block gives four
 // elements. (Until 2026-12-07 each element took a block of its own and read its first word only; its Philox
 // blocks were 29% of a CPU training step with dropout 0.1 on the Zen 4 VM, bench_fusion --step block --width 64,
-// perf, 2026-12-06, and 19% on an AVX2-only EPYC with the vector path below not built there.)
+// perf, 2026-12-06, and 19% on an AVX2-only EPYC, which ran them one scalar block at a time.)
 // dropout_keep_block computes the keep flags of n consecutive word positions. Where the build has AVX-512 it runs 16
 // counters per vector (64 elements), two vectors at a time; with AVX2, 8 counters per vector (32 elements). The
 // counter's low word is the lane's (with the carry into the high word where it wraps), each round's two
