@@ -7,7 +7,8 @@
 #  3. --checkpoint blocks, sampling and evaluation run on the GPU;
 #  4. --optimizer sgd, lamb and adafactor on the GPU log the CPU's losses within tolerance, and a LAMB run
 #     checkpointed on the GPU resumes on the CPU (and an Adafactor one the other way) with the same losses;
-#  5. --device-boundary (bf16, fp16, SGD) logs the host boundary's losses on the GPU.
+#  5. --device-boundary (bf16, fp16, SGD) logs the host boundary's losses on the GPU;
+#  6. --dist zero2 --device-boundary at world size 1 (NCCL, DataParallel<cuda>) logs part 1's bf16 losses.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -105,3 +106,12 @@ done
 losses gpu_boundary_sgd.jsonl > gpu_boundary_sgd.txt
 close gpu_sgd.txt gpu_boundary_sgd.txt 0 0
 echo "5. --device-boundary on the GPU logs the host boundary's losses"
+
+# --dist at world size 1 on the GPU (Note [data parallelism in the trainer]): the NCCL communicator of one rank and
+# DataParallel<cuda> (ZeRO-2's reduce-scatter runs through NCCL), with the step boundary on the device (Note [the
+# device boundary across ranks]): part 1's one-process bf16 losses bit for bit.
+"$T" "${C[@]}" --precision bf16 --device cuda --dist zero2 --device-boundary --log gpu_zero2_bf16.jsonl > gpu_zero2_bf16.out
+grep -q "data parallel: zero2 over 1 ranks (nccl)" gpu_zero2_bf16.out
+losses gpu_zero2_bf16.jsonl > gpu_zero2_bf16.txt
+close gpu_bf16.txt gpu_zero2_bf16.txt 0 0
+echo "6. --dist zero2 --device-boundary on one GPU (NCCL, world size 1) logs the one-process losses"
