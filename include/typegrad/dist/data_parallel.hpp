@@ -173,9 +173,9 @@ class DataParallel final : public train::StepSync {
   std::size_t num_buckets() const { return buckets_.size(); }
   /// The rank that updates parameter `name` (every rank under DDP: returns this rank).
   int owner(const std::string& name) const {
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].name == name) return options_.sharding == Sharding::none ? comm_.rank() : owner_[i];
-    throw Error("DataParallel: no parameter named '", name, "'");
+    const auto it = index_.find(name);
+    if (it == index_.end()) throw Error("DataParallel: no parameter named '", name, "'");
+    return options_.sharding == Sharding::none ? comm_.rank() : owner_[it->second];
   }
   bool owns(const std::string& name) const { return owner(name) == comm_.rank(); }
   const CommStats& stats() const { return stats_; }
@@ -187,12 +187,7 @@ class DataParallel final : public train::StepSync {
   void sum(std::span<double> values) const override { host_comm().all_reduce(values, ReduceOp::sum); }
   bool sharded_grads() const override { return options_.sharding != Sharding::none && comm_.size() > 1; }
   int ranks() const override { return comm_.size(); }
-  bool updates_here(const std::string& name) const override {
-    if (options_.sharding == Sharding::none || comm_.size() == 1) return true;
-    const auto it = index_.find(name);
-    TG_CHECK(it != index_.end(), "DataParallel: no parameter named '", name, "'");
-    return owner_[it->second] == comm_.rank();
-  }
+  bool updates_here(const std::string& name) const override { return owns(name); }
   /// The device boundary's sums (Note [the device boundary across ranks]): over the gradients' communicator,
   /// on their device (NCCL on a GPU: queued on the stream, the host waits for it as for a bucket).
   bool sums_on_device() const override { return true; }
