@@ -79,6 +79,7 @@ class NcclWork final : public Work::Impl {
   ~NcclWork() override;
   bool test() override;
   void wait() override;
+  bool order_on_device() override;
 
  private:
   bool poll();  // whether the event was reached; a CUDA or NCCL error ends the process
@@ -348,6 +349,14 @@ bool NcclWork::poll() {
 }
 
 bool NcclWork::test() { return poll(); }
+
+// Note [device-ordered waits]: the caller's stream waits on the event; the host wait (with its error and
+// timeout checks) stays for wait().
+bool NcclWork::order_on_device() {
+  if (const cudaError_t e = cudaStreamWaitEvent(caller_stream(), done_, 0); e != cudaSuccess)
+    comm_.fail(std::string(what_) + ": ordering the caller's stream failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  return true;
+}
 
 // The caller's stream waits on the event (the device orders later work after the call); the host then waits
 // too, polling NCCL's error state, so a peer that died ends this process after the timeout instead of hanging.

@@ -246,6 +246,62 @@ Batch rows_of(std::int64_t k, std::int64_t first, std::int64_t rows, std::int64_
   return b;
 }
 
+// Note [device-ordered waits]: W() with async Works that can be ordered "on the device". On the CPU the
+// device's stream is the host, so ordering completes the operation; its host wait() stays pending, as under
+// NCCL, and is counted: DataParallel must defer it to the boundary's read and then wait for every one.
+struct OrderedCounts {
+  std::int64_t ordered = 0;      // Works ordered on the device
+  std::int64_t waited = 0;       // of those, waited for on the host afterwards
+};
+class OrderedWork final : public tg::dist::Work::Impl {
+ public:
+  OrderedWork(tg::dist::Work inner, OrderedCounts& counts) : inner_(std::move(inner)), counts_(&counts) {}
+  bool test() override { return inner_.test(); }
+  void wait() override {
+    if (ordered_ && !waited_) ++counts_->waited;
+    waited_ = true;
+    inner_.wait();
+  }
+  bool order_on_device() override {
+    inner_.wait();  // the CPU's stream is the host: the later work runs after the operation
+    if (!ordered_) ++counts_->ordered;
+    ordered_ = true;
+    return true;
+  }
+
+ private:
+  tg::dist::Work inner_;
+  OrderedCounts* counts_;
+  bool ordered_ = false, waited_ = false;
+};
+class OrderedComm final : public tg::dist::Communicator {
+ public:
+  explicit OrderedComm(tg::dist::Communicator& inner) : inner_(inner) {}
+  OrderedCounts counts;
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend() const override { return inner_.backend(); }
+  tg::DeviceKind device() const override { return inner_.device(); }
+  tg::dist::Work all_reduce_async(tg::dist::Buffer buf, tg::dist::ReduceOp op) override { return wrap(inner_.all_reduce_async(buf, op)); }
+  tg::dist::Work reduce_scatter_async(tg::dist::Buffer send, tg::dist::Buffer recv, std::span<const std::int64_t> counts_,
+                                      tg::dist::ReduceOp op) override {
+    return wrap(inner_.reduce_scatter_async(send, recv, counts_, op));
+  }
+  tg::dist::Work all_gather_async(tg::dist::Buffer send, tg::dist::Buffer recv, std::span<const std::int64_t> counts_) override {
+    return wrap(inner_.all_gather_async(send, recv, counts_));
+  }
+  tg::dist::Work broadcast_async(tg::dist::Buffer buf, int root) override { return wrap(inner_.broadcast_async(buf, root)); }
+  void send(tg::dist::Buffer buf, int peer, int tag) override { inner_.send(buf, peer, tag); }
+  void recv(tg::dist::Buffer buf, int peer, int tag) override { inner_.recv(buf, peer, tag); }
+  tg::dist::Work send_async(tg::dist::Buffer buf, int peer, int tag) override { return wrap(inner_.send_async(buf, peer, tag)); }
+  tg::dist::Work recv_async(tg::dist::Buffer buf, int peer, int tag) override { return wrap(inner_.recv_async(buf, peer, tag)); }
+  void barrier() override { inner_.barrier(); }
+
+ private:
+  tg::dist::Work wrap(tg::dist::Work w) { return tg::dist::Work(std::make_unique<OrderedWork>(std::move(w), counts)); }
+  tg::dist::Communicator& inner_;
+};
+
 struct Setup {
   std::int64_t accum = 1;
   int steps = 20;
@@ -255,6 +311,7 @@ struct Setup {
   double clip = 1.0;
   bool device_boundary = false;  // Note [the device boundary across ranks]
   tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
+  bool ordered_comm = false;     // the sync's communicator is an OrderedComm over W()
 };
 
 struct Result {
@@ -266,6 +323,9 @@ struct Result {
   std::vector<std::string> owned_state;       // parameters with optimizer state on this rank
   std::vector<double> norms;                  // each step's global gradient norm
   std::int64_t decided_on_device = 0;         // steps whose boundary the device decided
+  OrderedCounts ordered;                      // Setup::ordered_comm: its Works
+  std::vector<std::int64_t> pending_after_step;  // Setup::ordered_comm: the sync's deferred waits after each step
+  std::int64_t buckets = 0;                   // the sync's gradient buckets
 };
 
 template <class Policy>
@@ -276,10 +336,11 @@ Result train(const Setup& s) {
   const auto ps = model.named_parameters();
   tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
+  OrderedComm ordered(W());
   std::optional<tg::dist::DataParallel<tg::cpu>> dp;
   tg::train::StepOptions options{.clip = s.clip, .on_non_finite = s.on_non_finite, .device_boundary = s.device_boundary};
   if (s.sharding) {
-    dp.emplace(W(), ps, tg::dist::DataParallelOptions{.sharding = *s.sharding, .bucket_bytes = 8 << 10, .reduce_bf16 = s.reduce_bf16});
+    dp.emplace(s.ordered_comm ? static_cast<tg::dist::Communicator&>(ordered) : W(), ps, tg::dist::DataParallelOptions{.sharding = *s.sharding, .bucket_bytes = 8 << 10, .reduce_bf16 = s.reduce_bf16});
     options.sync = &*dp;
   }
   tg::train::TrainStep<Policy> step(ps, opt, sched, options, tg::optim::GradAccumRuntime(s.accum));
@@ -297,8 +358,11 @@ Result train(const Setup& s) {
     out.losses.push_back(r.loss);
     out.skipped.push_back(r.skipped);
     out.norms.push_back(r.grad_norm);
+    if (dp) out.pending_after_step.push_back(static_cast<std::int64_t>(dp->deferred_waits()));
   }
   out.decided_on_device = step.steps_decided_on_device();
+  out.ordered = ordered.counts;
+  if (dp) out.buckets = static_cast<std::int64_t>(dp->num_buckets());
   for (const auto& p : ps) {
     out.weights.push_back(p.tensor.to_vector());
     out.names.push_back(p.name);
@@ -507,6 +571,25 @@ TEST(DataParallel, DeviceBoundaryEqualsTheHostBoundaryBitForBit) {
     // The norm was measured over every rank's gradients: the one process's (to the reduction order).
     const auto one = train<tg::amp::fp32_policy>({.accum = accum, .steps = 8, .clip = 0.5});
     for (std::size_t i = 0; i < one.norms.size(); ++i) EXPECT_NEAR(device.norms[i], one.norms[i], 1e-5 * one.norms[i]) << what << ", step " << i;
+  }
+}
+
+// Note [device-ordered waits]: under a device boundary the bucket reductions and the boundary's sums are ordered
+// on the device while the step runs and waited for on the host at its read: every one of them, and the same
+// results; the host boundary waits for each at once.
+TEST(DataParallel, DeviceBoundaryDefersItsHostWaitsToTheRead) {
+  if (size() < 2) GTEST_SKIP() << "one rank: nothing is reduced";
+  for (const auto sharding : {Sharding::none, Sharding::gradients}) {
+    const char* what = sharding == Sharding::none ? "ddp fp32, ordered waits" : "zero2 fp32, ordered waits";
+    const auto host = train<tg::amp::fp32_policy>({.steps = 4, .sharding = sharding, .clip = 0.5, .ordered_comm = true});
+    const auto device = train<tg::amp::fp32_policy>({.steps = 4, .sharding = sharding, .clip = 0.5, .device_boundary = true, .ordered_comm = true});
+    EXPECT_EQ(host.ordered.ordered, 0) << what << ": the host boundary ordered a collective on the device";
+    // per step: one reduction per bucket (several: 8 KiB buckets) and the boundary's sum (ZeRO-2: and its norm's)
+    EXPECT_GT(device.buckets, 1) << what;
+    EXPECT_EQ(device.ordered.ordered, 4 * (device.buckets + (sharding == Sharding::none ? 1 : 2))) << what;
+    EXPECT_EQ(device.ordered.waited, device.ordered.ordered) << what << ": a deferred collective was never waited for on the host";
+    for (std::size_t i = 0; i < device.pending_after_step.size(); ++i) EXPECT_EQ(device.pending_after_step[i], 0) << what << ", step " << i;
+    expect_same_bits(device, host, what);
   }
 }
 

@@ -71,6 +71,17 @@ Buffer buffer_of(const Tensor<T, D>& t) {
   return {static_cast<void*>(t.data()), t.numel(), dtype_traits<T>::dtype, device_traits<D>::kind};
 }
 
+// Note [device-ordered waits]
+// A collective on a GPU runs on the communicator's stream. Work::wait() orders the caller's stream after it and
+// then waits on the host, polling NCCL's error state, so that a dead peer ends the process after the timeout
+// instead of hanging. Work::order_on_device() does the first half only: the device runs the caller's later work
+// after the collective, the host goes on queueing, and the Work stays pending until its wait(), which still
+// checks the collective. A step whose boundary is decided on the device (Note [the device boundary across
+// ranks]) reads nothing until its one read, so DataParallel orders its bucket reductions and the boundary's
+// sums on the device while the step runs and waits for them on the host in settle(), which DeviceBoundary::read()
+// calls before its download. Communicators without a device stream (MPI, the CPU's) have nothing to order:
+// there order_on_device() is wait().
+
 /// An operation in flight. test() progresses it and says whether it finished; wait() blocks until it has
 /// (then the output buffer holds the result). A default-constructed Work is already complete.
 class Work {
@@ -80,6 +91,9 @@ class Work {
     virtual ~Impl() = default;
     virtual bool test() = 0;
     virtual void wait() = 0;
+    /// Orders the device's later work after this operation without waiting on the host; false when there is
+    /// no device stream to order (the caller then waits).
+    virtual bool order_on_device() { return false; }
   };
   Work() = default;
   explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -87,6 +101,12 @@ class Work {
   void wait() {
     if (impl_) impl_->wait();
     impl_.reset();
+  }
+  /// The device's later work runs after this operation (Note [device-ordered waits]); the Work stays pending
+  /// for wait() on a GPU, and is waited for here elsewhere.
+  void order_on_device() {
+    if (impl_ && impl_->order_on_device()) return;
+    wait();
   }
   bool pending() const { return impl_ != nullptr; }
 

@@ -194,9 +194,21 @@ class DataParallel final : public train::StepSync {
   void sum_on_device(double* values, std::int64_t count) const override {
     if (comm_.size() == 1) return;
     const auto t0 = std::chrono::steady_clock::now();
-    comm_.all_reduce_async(Buffer{values, count, DType::f64, device_traits<D>::kind}, ReduceOp::sum).wait();
+    Work w = comm_.all_reduce_async(Buffer{values, count, DType::f64, device_traits<D>::kind}, ReduceOp::sum);
+    await(w);
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  void defer_host_waits() const override { deferring_ = true; }
+  void settle() const override {
+    deferring_ = false;
+    if (deferred_.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Work& w : deferred_) w.wait();
+    deferred_.clear();
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  /// Collectives deferred to settle() and not yet waited for on the host (Note [device-ordered waits]).
+  std::size_t deferred_waits() const { return deferred_.size(); }
 
   void before_backward(std::int64_t micro, std::int64_t n) override {
     if (micro == 0 && options_.sharding != Sharding::gradients) install_views();
@@ -410,9 +422,17 @@ class DataParallel final : public train::StepSync {
     count_bytes(b.numel * (options_.reduce_bf16 ? 2 : 4));
   }
 
+  /// Waits for w: on the host, or, while a device boundary defers the step's host waits, on the device, the
+  /// host wait kept for settle() (Note [device-ordered waits]).
+  void await(Work& w) const {
+    if (!deferring_) return w.wait();
+    w.order_on_device();
+    if (w.pending()) deferred_.push_back(std::move(w));
+  }
+
   void finish(std::size_t bi) {
     Bucket& b = buckets_[bi];
-    b.work.wait();
+    await(b.work);
     if (options_.sharding == Sharding::gradients) {
       if (options_.reduce_bf16) {
         b.shard = b.low_shard.detach().template to<fp32>();
@@ -450,6 +470,8 @@ class DataParallel final : public train::StepSync {
   std::size_t next_launch_ = 0;
   bool syncing_ = false, counted_ = false;
   mutable CommStats stats_;  // sum_on_device (a const CrossRank call) counts its wait too
+  mutable bool deferring_ = false;     // Note [device-ordered waits]
+  mutable std::vector<Work> deferred_;
 };
 
 }  // namespace tg::dist

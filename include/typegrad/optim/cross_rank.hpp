@@ -56,6 +56,12 @@ class CrossRank {
   }
   /// sum_on_device over the ranks whose squared norms add up (as sum_norms).
   virtual void sum_norms_on_device(double* values, std::int64_t count) const { sum_on_device(values, count); }
+  /// From here to settle(), the collectives of the step are ordered on the device and their host waits kept
+  /// (Note [device-ordered waits], dist/comm.hpp); DeviceBoundary::begin calls it.
+  virtual void defer_host_waits() const {}
+  /// Waits on the host for every collective deferred since defer_host_waits() (checking each), and stops
+  /// deferring; DeviceBoundary::read calls it before its download, and begin() for a step that did not end.
+  virtual void settle() const {}
 };
 
 }  // namespace tg::optim

@@ -75,6 +75,10 @@ class DeviceBoundary {
     b.scale = scale;
     b.inv_n = 1.0 / static_cast<double>(micro_batches);
     TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), b));
+    if (cross_) {  // Note [device-ordered waits]: the step's collectives wait on the host at read()
+      cross_->settle();
+      cross_->defer_host_waits();
+    }
   }
   /// A micro-batch's loss (fp32 scalar on D), one of n.
   void note_loss(const Tensor<fp32, D>& loss, std::int64_t n) {
@@ -124,6 +128,7 @@ class DeviceBoundary {
 
   /// The step's outcome: one download of the state.
   BoundaryReadout read() const {
+    if (cross_) cross_->settle();  // the step's collectives, checked on the host (Note [device-ordered waits])
     ++reads_;
     const std::vector<double> v = state_.detach().template to<cpu>().to_vector();
     BoundaryReadout r;
