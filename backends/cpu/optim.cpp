@@ -63,9 +63,9 @@ void adam_step(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamScalars& 
 
 // Pass 1 updates m, v and accumulates ||p||², ||u||² with u = m̂/(sqrt(v̂)+ε) + wd·p; pass 2 recomputes u
 // (cheaper than a scratch buffer) and applies p -= lr·trust·u.
+namespace {
 template <class T>
-double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s) {
-  const auto c = math::lamb_consts<T>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
+double lamb_tensor(T* p, const T* g, T* m, T* v, std::int64_t n, const math::LambConsts<T>& c, double lr) {
   double pn = 0, un = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pn, un) if (n > kGrain)
   for (std::int64_t i = 0; i < n; ++i) {
@@ -75,10 +75,15 @@ double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars
     un += static_cast<double>(u) * static_cast<double>(u);
   }
   const double trust = lamb_trust_ratio(pn, un);
-  const T scale = static_cast<T>(s.lr * trust);
+  const T scale = static_cast<T>(lr * trust);
 #pragma omp parallel for schedule(static) if (n > kGrain)
   for (std::int64_t i = 0; i < n; ++i) p[i] = p[i] - scale * math::lamb_direction(p[i], m[i], v[i], c);
   return trust;
+}
+}  // namespace
+template <class T>
+double lamb_step(T* p, const T* g, T* m, T* v, std::int64_t n, const LambScalars& s) {
+  return lamb_tensor<T>(p, g, m, v, n, math::lamb_consts<T>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step), s.lr);
 }
 
 
@@ -222,9 +227,13 @@ void sgd_step_multi(const SgdTensor<T>* tensors, int count, const SgdScalars& sc
   for (int i = 0; i < count; ++i) sgd_step<T>(tensors[i].p, tensors[i].g, tensors[i].buf, tensors[i].n, s);
 }
 template <class T>
-void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars& s, double* trust_ratios) {
+void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars& scalars, double* trust_ratios) {
+  LambScalars s = scalars;
+  if (!resolve_boundary(s)) return;  // Note [the step boundary on the device]: a skipped step
+  const auto c = s.boundary ? math::lamb_consts_from<T>(s.bc1, s.bc2, s.beta1, s.beta2, s.eps, s.weight_decay)
+                            : math::lamb_consts<T>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
   for (int i = 0; i < count; ++i) {
-    const double r = lamb_step<T>(tensors[i].p, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, s);
+    const double r = lamb_tensor<T>(tensors[i].p, tensors[i].g, tensors[i].m, tensors[i].v, tensors[i].n, c, s.lr);
     if (trust_ratios) trust_ratios[i] = r;
   }
 }

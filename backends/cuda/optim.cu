@@ -78,27 +78,28 @@ void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars&
   for (int t = 0; t < count; ++t) sizes[static_cast<std::size_t>(t)] = tensors[t].n;
   const std::vector<Chunk> chunks = chunk_table(count, sizes.data());
   const auto n_chunks = static_cast<std::int64_t>(chunks.size());
-  std::vector<double> partials(chunks.size() * 2);
-  const auto c = math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
-  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(LambTensor<float>)), wc(chunks.size() * sizeof(Chunk)),
-      wp(partials.size() * sizeof(double)), ws(static_cast<std::size_t>(count) * sizeof(float));
+  const std::vector<std::int64_t> first = detail::chunk_firsts(chunks, count);  // tensor t: chunks [first[t], first[t + 1])
+  // Without a boundary the constants are the host's; with one each block resolves them (Note [the step boundary on the device])
+  const auto c = s.boundary ? math::LambConsts<float>{} : math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
+  detail::Workspace wt(static_cast<std::size_t>(count) * sizeof(LambTensor<float>)), wc(std::max<std::size_t>(chunks.size(), 1) * sizeof(Chunk)),
+      wf(first.size() * sizeof(std::int64_t)), wp(std::max<std::size_t>(chunks.size(), 1) * 2 * sizeof(double)),
+      ws(static_cast<std::size_t>(count) * sizeof(float));
   const LambTensor<float>* dt = detail::upload(wt, tensors, count);
-  const Chunk* dc = detail::upload(wc, chunks.data(), n_chunks);
+  const Chunk* dc = n_chunks > 0 ? detail::upload(wc, chunks.data(), n_chunks) : nullptr;
+  const std::int64_t* df = detail::upload(wf, first.data(), static_cast<std::int64_t>(first.size()));
+  const unsigned grid = blocks_for(chunks.size());
   if (n_chunks > 0) {
-    lamb_moments_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, wp.as<double>());
+    if (s.boundary) lamb_moments_multi_kernel<true><<<grid, detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s, wp.as<double>());
+    else lamb_moments_multi_kernel<false><<<grid, detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s, wp.as<double>());
     TG_CUDA_LAUNCHED();
-    detail::download(partials.data(), wp.as<double>(), static_cast<std::int64_t>(partials.size()));
   }
-  const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
-  std::vector<float> scales(static_cast<std::size_t>(count));
-  for (std::size_t t = 0; t < sums.size(); ++t) {
-    const double trust = lamb_trust_ratio(sums[t][0], sums[t][1]);
-    scales[t] = static_cast<float>(s.lr * trust);
-    if (trust_ratios) trust_ratios[t] = trust;
-  }
+  // the ratios on the device, in the stream's order: nothing is read back (Note [LAMB on the device], optim/lamb.hpp)
+  lamb_trust_kernel<<<static_cast<unsigned>((count + detail::kThreads - 1) / detail::kThreads), detail::kThreads, 0, detail::stream()>>>(
+      df, count, wp.as<double>(), s, ws.as<float>(), trust_ratios);
+  TG_CUDA_LAUNCHED();
   if (n_chunks == 0) return;
-  const float* dscales = detail::upload(ws, scales.data(), count);
-  lamb_apply_multi_kernel<<<blocks_for(chunks.size()), detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, dscales);
+  if (s.boundary) lamb_apply_multi_kernel<true><<<grid, detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s, ws.as<float>());
+  else lamb_apply_multi_kernel<false><<<grid, detail::kThreads, 0, detail::stream()>>>(dt, dc, n_chunks, c, s, ws.as<float>());
   TG_CUDA_LAUNCHED();
 }
 

@@ -115,10 +115,29 @@ __global__ void sgd_multi_kernel(const SgdTensor<float>* tensors, const Chunk* c
   }
 }
 
+/// LAMB's constants of a launch with the device boundary (Note [the step boundary on the device]): thread 0
+/// resolves skip, lr and the bias corrections from the state once per block; false on every thread when the
+/// step is skipped.
+__device__ inline bool lamb_resolve_block(LambScalars& s, math::LambConsts<float>& c) {
+  __shared__ math::LambConsts<float> resolved;
+  __shared__ bool go;
+  if (threadIdx.x == 0) {
+    go = resolve_boundary(s);
+    if (go) resolved = math::lamb_consts_from<float>(s.bc1, s.bc2, s.beta1, s.beta2, s.eps, s.weight_decay);
+  }
+  __syncthreads();
+  if (!go) return false;
+  c = resolved;
+  return true;
+}
+
 /// LAMB pass 1 over every chunk: m, v updated; the chunk's sums of p² and u² into partials[2 b], [2 b + 1]
-/// (a block-shape-fixed order: deterministic).
+/// (a block-shape-fixed order: deterministic). kBoundary: the constants from the state, not `c`.
+template <bool kBoundary>
 __global__ void lamb_moments_multi_kernel(const LambTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                          math::LambConsts<float> c, double* partials) {
+                                          math::LambConsts<float> c, LambScalars s, double* partials) {
+  if constexpr (kBoundary)
+    if (!lamb_resolve_block(s, c)) return;
   __shared__ double shm[32];
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
     const LambTensor<float> t = tensors[chunks[b].tensor];
@@ -142,9 +161,30 @@ __global__ void lamb_moments_multi_kernel(const LambTensor<float>* tensors, cons
     }
   }
 }
+/// LAMB's trust ratios, one thread per tensor: tensor t's chunks [first[t], first[t + 1]) add their partial
+/// sums in chunk order (detail::sum_by_tensor's order, from 0), then ratio = ||p|| / ||u|| (lamb_trust_ratio)
+/// and scales[t] = float(lr · ratio), the CPU kernel's `scale`; ratios[t] = ratio when ratios is set. With
+/// s.boundary, lr is the state's and a skipped step writes nothing.
+__global__ void lamb_trust_kernel(const std::int64_t* first, int count, const double* partials, LambScalars s, float* scales,
+                                  double* ratios) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  if (!resolve_boundary(s)) return;
+  double pn = 0, un = 0;
+  for (std::int64_t b = first[t]; b < first[t + 1]; ++b) {
+    pn += partials[2 * b];
+    un += partials[2 * b + 1];
+  }
+  const double trust = lamb_trust_ratio(pn, un);
+  scales[t] = static_cast<float>(s.lr * trust);
+  if (ratios) ratios[t] = trust;
+}
 /// LAMB pass 2: p -= scales[tensor]·u, scales[t] = lr·trust_t rounded to fp32 (the CPU kernel's `scale`).
+template <bool kBoundary>
 __global__ void lamb_apply_multi_kernel(const LambTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                        math::LambConsts<float> c, const float* scales) {
+                                        math::LambConsts<float> c, LambScalars s, const float* scales) {
+  if constexpr (kBoundary)
+    if (!lamb_resolve_block(s, c)) return;
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const LambTensor<float> t = tensors[chunks[b].tensor];
     const float scale = scales[chunks[b].tensor];

@@ -1,7 +1,7 @@
 // The step boundary on the GPU (Note [the step boundary on the device]): a TrainStep of nn::BasicGPT<cuda> whose
 // boundary the device decides logs the host boundary's losses, skips the same steps (fp16 overflows, a NaN
 // loss under OnNonFinite::skip), keeps the optimizer's lr, ends at the same weights bit for bit and reads the
-// device once per step; AdamW and SGD, with per-group lr scales. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
+// device once per step; AdamW, SGD and LAMB (its trust ratios too), with per-group lr scales. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,6 +38,7 @@ struct Case {
   int inf_step = -1;       // the loss (and so the gradients) times inf at this step
   int bad_loss_step = -1;  // NaN added to the loss at this step (the gradients stay finite)
   bool sgd = false;        // SGD with momentum instead of AdamW
+  bool lamb = false;       // LAMB instead of AdamW (Note [LAMB on the device])
   bool clip = true;
   tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
 };
@@ -50,6 +51,7 @@ struct Outcome {
   std::vector<std::vector<float>> weights;
   tg::amp::ScalerState scaler;
   std::int64_t steps_taken = 0;
+  std::vector<double> trust_ratios;  // LAMB's, by parameter
 };
 
 template <class Policy>
@@ -63,6 +65,8 @@ Outcome train(bool device, const Case& c) {
   groups[1].lr_scale = 2.f;
   std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>> opt;
   if (c.sgd) opt = std::make_unique<tg::optim::BasicSgd<tg::cuda>>(std::move(groups), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f});
+  else if (c.lamb)
+    opt = std::make_unique<tg::optim::BasicLamb<tg::cuda>>(std::move(groups), tg::optim::LambOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f});
   else opt = std::make_unique<tg::optim::BasicAdamW<tg::cuda>>(std::move(groups), tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
   tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 8, 3e-4f});
   tg::train::StepOptions options;
@@ -89,6 +93,8 @@ Outcome train(bool device, const Case& c) {
   for (const auto& p : ps) out.weights.push_back(p.tensor.detach().template to<tg::cpu>().to_vector());
   out.scaler = step.scaler().state();
   out.steps_taken = step.steps_taken();
+  if (const auto* lamb = dynamic_cast<const tg::optim::BasicLamb<tg::cuda>*>(opt.get()))
+    for (const auto& p : ps) out.trust_ratios.push_back(lamb->last_trust_ratio(p.name));
   return out;
 }
 
@@ -112,6 +118,8 @@ void expect_same_steps(const Case& c) {
   if (c.bad_loss_step >= 0) EXPECT_TRUE(ref.skipped[static_cast<std::size_t>(c.bad_loss_step)]);
   EXPECT_EQ(got.scaler, ref.scaler);
   EXPECT_EQ(got.steps_taken, ref.steps_taken);
+  ASSERT_EQ(got.trust_ratios.size(), ref.trust_ratios.size());
+  for (std::size_t t = 0; t < ref.trust_ratios.size(); ++t) EXPECT_TRUE(same(got.trust_ratios[t], ref.trust_ratios[t])) << "trust ratio " << t;
   for (std::size_t t = 0; t < ref.weights.size(); ++t)
     EXPECT_EQ(std::memcmp(got.weights[t].data(), ref.weights[t].data(), ref.weights[t].size() * sizeof(float)), 0) << "tensor " << t;
 }
@@ -122,5 +130,6 @@ TEST(CudaBoundary, SkipsANonFiniteLossWithFiniteGradients) {
   expect_same_steps<tg::amp::bf16_mixed>({.inf_step = 3, .bad_loss_step = 6, .clip = false, .on_non_finite = tg::optim::OnNonFinite::skip});
 }
 TEST(CudaBoundary, SgdWithMomentumInFp16) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 5, .sgd = true}); }
+TEST(CudaBoundary, LambInFp16WithAnInf) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 3, .lamb = true}); }
 
 }  // namespace

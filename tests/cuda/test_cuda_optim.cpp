@@ -430,8 +430,10 @@ TEST_F(CudaOptim, MultiTensorLambMatchesTheCpuPerTensorWithEachTrustRatio) {
     list.push_back({p[k].data(), g[k].data(), m[k].data(), v[k].data(), sizes[k]});
   }
   const auto s = lamb_scalars(3);
-  std::vector<double> trust(sizes.size(), -1.0);
-  tg::backend::cuda::lamb_step_multi(list.data(), static_cast<int>(list.size()), s, trust.data());
+  // the ratios stay on the device (Note [LAMB on the device]); read back here to compare
+  auto dtrust = tg::Tensor<double, tg::cuda>::full({static_cast<std::int64_t>(sizes.size())}, -1.0);
+  tg::backend::cuda::lamb_step_multi(list.data(), static_cast<int>(list.size()), s, dtrust.data());
+  const std::vector<double> trust = dtrust.to_vector();
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     State& h = host[k];
     const double cpu_trust = tg::backend::cpu::lamb_step<float>(h.p.data(), h.g.data(), h.m.data(), h.v.data(), sizes[k], s);

@@ -223,25 +223,31 @@ void emu_scale(float* const* x, const i64* sizes, int count, float s, const doub
   launch(pick(chunks.size(), grid), cu::detail::kThreads, [&] { cu::scale_multi_kernel(x, sizes, chunks.data(), n, s, state); });
 }
 
-/// lamb_step_multi: the moments pass, the per-chunk sums added per tensor on the host, the apply pass.
+/// lamb_step_multi as optim.cu launches it: the moments pass, the per-tensor ratios (one thread each over its
+/// chunks' sums), the apply pass; the constants from the host, or from the boundary state (s.boundary).
 void emu_lamb(const std::vector<AdamTensor<float>>& ts, const be::LambScalars& s, double* trust_ratios, i64 grid = 0) {
   const int count = static_cast<int>(ts.size());
   std::vector<i64> sizes;
   for (const auto& t : ts) sizes.push_back(t.n);
   const std::vector<Chunk> chunks = chunk_table(count, sizes.data());
+  const std::vector<i64> first = cu::detail::chunk_firsts(chunks, count);
   const auto n = static_cast<i64>(chunks.size());
-  std::vector<double> partials(chunks.size() * 2, std::numeric_limits<double>::quiet_NaN());
-  const auto c = tg::math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
-  if (n > 0) launch(pick(chunks.size(), grid), cu::detail::kThreads, [&] { cu::lamb_moments_multi_kernel(ts.data(), chunks.data(), n, c, partials.data()); });
-  const auto sums = cu::detail::sum_by_tensor<2>(chunks, partials.data(), count);
-  std::vector<float> scales(static_cast<std::size_t>(count));
-  for (std::size_t t = 0; t < sums.size(); ++t) {
-    const double trust = be::lamb_trust_ratio(sums[t][0], sums[t][1]);
-    scales[t] = static_cast<float>(s.lr * trust);
-    trust_ratios[t] = trust;
-  }
+  std::vector<double> partials(std::max<std::size_t>(chunks.size(), 1) * 2, std::numeric_limits<double>::quiet_NaN());
+  std::vector<float> scales(static_cast<std::size_t>(count), std::numeric_limits<float>::quiet_NaN());
+  const auto c = s.boundary ? tg::math::LambConsts<float>{} : tg::math::lamb_consts<float>(s.beta1, s.beta2, s.eps, s.weight_decay, s.step);
+  const i64 blocks = pick(chunks.size(), grid);
+  if (n > 0)
+    launch(blocks, cu::detail::kThreads, [&] {
+      if (s.boundary) cu::lamb_moments_multi_kernel<true>(ts.data(), chunks.data(), n, c, s, partials.data());
+      else cu::lamb_moments_multi_kernel<false>(ts.data(), chunks.data(), n, c, s, partials.data());
+    });
+  launch((count + cu::detail::kThreads - 1) / cu::detail::kThreads, cu::detail::kThreads,
+         [&] { cu::lamb_trust_kernel(first.data(), count, partials.data(), s, scales.data(), trust_ratios); });
   if (n == 0) return;
-  launch(pick(chunks.size(), grid), cu::detail::kThreads, [&] { cu::lamb_apply_multi_kernel(ts.data(), chunks.data(), n, c, scales.data()); });
+  launch(blocks, cu::detail::kThreads, [&] {
+    if (s.boundary) cu::lamb_apply_multi_kernel<true>(ts.data(), chunks.data(), n, c, s, scales.data());
+    else cu::lamb_apply_multi_kernel<false>(ts.data(), chunks.data(), n, c, s, scales.data());
+  });
 }
 
 // ---- buffers ----------------------------------------------------------------------------------------------
@@ -476,6 +482,70 @@ TEST(OptimEmulated, LambMultiMatchesTheCpuWithEachTrustRatio) {
     }
     EXPECT_EQ(trust[4], 1.0);
     EXPECT_NE(trust[0], 1.0);
+  }
+}
+
+// Each tensor's chunk range, which the ratio kernel adds in order: the empty tensor (2) owns none.
+TEST(OptimEmulated, ChunkFirstsGivesEachTensorItsChunks) {
+  const auto chunks = chunk_table(static_cast<int>(kSizes.size()), kSizes.data());
+  EXPECT_EQ(cu::detail::chunk_firsts(chunks, static_cast<int>(kSizes.size())), (std::vector<i64>{0, 2, 3, 3, 5, 6, 7, 10}));
+  EXPECT_EQ(cu::detail::chunk_firsts({}, 2), (std::vector<i64>{0, 0, 0}));
+}
+
+// Note [the step boundary on the device], Note [LAMB on the device]: skip, lr (times the group's lr scale), t and
+// the bias corrections from the state, bit for bit the step with the same values from the host; a skipped step
+// writes nothing, its ratios included.
+TEST(OptimEmulated, LambMultiReadsTheStepFromTheBoundaryState) {
+  be::LambScalars s;
+  s.lr = 123;  // lr and step are the state's
+  s.step = 999;
+  s.lr_scale = 0.5f;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-6;
+  s.weight_decay = 0.1;
+  be::LambScalars host = s;  // the same step from the host: lr = float(2e-3) · 0.5 in fp32, t = 5
+  host.lr = static_cast<double>(static_cast<float>(2e-3) * 0.5f);
+  host.step = 5;
+  {
+    std::vector<double> st = decided_state(2e-3, 4, s.beta1, s.beta2, false);
+    s.boundary = st.data();
+    AdamGroup mine(kSizes, 500, false), same(kSizes, 500, false), ref(kSizes, 500, false);
+    std::vector<double> trust(kSizes.size(), -1.0), trust_host(kSizes.size(), -1.0), trust_cpu(kSizes.size(), -1.0);
+    emu_lamb(mine.list(), s, trust.data(), kShortGrid);
+    emu_lamb(same.list(), host, trust_host.data(), kShortGrid);
+    const auto rl = ref.list();
+    cpu::lamb_step_multi<float>(rl.data(), static_cast<int>(rl.size()), s, trust_cpu.data());
+    ASSERT_TRUE(mine.guards_intact());
+    for (std::size_t k = 0; k < kSizes.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      EXPECT_EQ(trust[k], trust_host[k]);
+      EXPECT_TRUE(same_all(mine.p[k], same.p[k]) && same_all(mine.m[k], same.m[k]) && same_all(mine.v[k], same.v[k]));
+      EXPECT_NEAR(trust[k], trust_cpu[k], 1e-6 * trust_cpu[k]);
+      EXPECT_TRUE(close_all(mine.p[k], ref.p[k], 1.f)) << "p";
+      EXPECT_TRUE(close_all(mine.m[k], ref.m[k], 1e-2f)) << "m";
+      EXPECT_TRUE(close_all(mine.v[k], ref.v[k], 1e-4f)) << "v";
+    }
+  }
+  {
+    std::vector<double> st = decided_state(2e-3, 4, s.beta1, s.beta2, true);
+    s.boundary = st.data();
+    AdamGroup mine(kSizes, 600, false), before(kSizes, 600, false);
+    std::vector<double> trust(kSizes.size(), -1.0);
+    emu_lamb(mine.list(), s, trust.data());
+    for (std::size_t k = 0; k < kSizes.size(); ++k) {
+      EXPECT_TRUE(same_bytes(mine.p[k], before.p[k]) && same_bytes(mine.m[k], before.m[k]) && same_bytes(mine.v[k], before.v[k]))
+          << "a skipped step wrote tensor " << k;
+      EXPECT_EQ(trust[k], -1.0) << "a skipped step wrote the ratio of tensor " << k;
+    }
+    std::vector<double> cpu_trust(kSizes.size(), -1.0);
+    AdamGroup cpu_mine(kSizes, 600, false);
+    const auto rl = cpu_mine.list();
+    cpu::lamb_step_multi<float>(rl.data(), static_cast<int>(rl.size()), s, cpu_trust.data());
+    for (std::size_t k = 0; k < kSizes.size(); ++k) {
+      EXPECT_TRUE(same_bytes(cpu_mine.p[k], before.p[k])) << "the CPU's skipped step wrote tensor " << k;
+      EXPECT_EQ(cpu_trust[k], -1.0);
+    }
   }
 }
 

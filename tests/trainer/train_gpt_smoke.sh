@@ -102,15 +102,18 @@ echo "2b. --compile logs the eager losses bit for bit and resumes; --plan prints
 
 # --device-boundary (Note [the step boundary on the device]): the boundary's kernels decide the step; on the CPU
 # the losses are the host boundary's bit for bit (fp32 with clipping, fp16 with its scaler and accumulation,
-# compiled), and what it cannot decide (LAMB) is an error before step 1.
+# compiled, LAMB with clipping), and what it cannot decide (Adafactor) is an error before step 1.
 ok boundary --steps 4 "${C[@]}" --device-boundary --log boundary.jsonl
 grep -q "step boundary on the device" boundary.out
 diff <(losses fp32.jsonl) <(losses boundary.jsonl)
 ok eager_fp16 --steps 3 "${C[@]}" --precision fp16 --grad-accum 2 --dropout 0.1 --log eager_fp16.jsonl
 ok boundary_fp16 --steps 3 "${C[@]}" --precision fp16 --grad-accum 2 --dropout 0.1 --device-boundary --compile --log boundary_fp16.jsonl
 diff <(losses eager_fp16.jsonl) <(losses boundary_fp16.jsonl)
-fails boundary_lamb "needs --optimizer adamw, adam or sgd" --steps 1 "${C[@]}" --device-boundary --optimizer lamb
-echo "2c. --device-boundary logs the host boundary's losses bit for bit, compiled too, and rejects LAMB"
+ok lamb --steps 3 "${C[@]}" --optimizer lamb --clip 0.5 --log lamb.jsonl
+ok boundary_lamb --steps 3 "${C[@]}" --optimizer lamb --clip 0.5 --device-boundary --log boundary_lamb.jsonl
+diff <(losses lamb.jsonl) <(losses boundary_lamb.jsonl)
+fails boundary_adafactor "needs --optimizer adamw, adam, sgd or lamb" --steps 1 "${C[@]}" --device-boundary --optimizer adafactor
+echo "2c. --device-boundary logs the host boundary's losses bit for bit (AdamW, fp16 compiled, LAMB), and rejects Adafactor"
 
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.
 cp ck/ckpt-00000004.safetensors corrupt.safetensors

@@ -192,12 +192,18 @@ template <class T>
 struct LambConsts {
   T inv_bc1, inv_bc2, b1, b2, one_b1, one_b2, eps, wd;
 };
+/// lamb_consts from the bias corrections bc1 = 1 - β1^t, bc2 = 1 - β2^t (a device boundary's, written by the
+/// host): single fp64 operations, rounded alike on both devices.
+template <class T>
+TG_HOST_DEVICE inline LambConsts<T> lamb_consts_from(double bc1, double bc2, double beta1, double beta2, double eps,
+                                                     double weight_decay) {
+  return {static_cast<T>(1.0 / bc1),      static_cast<T>(1.0 / bc2),      static_cast<T>(beta1), static_cast<T>(beta2),
+          static_cast<T>(1.0 - beta1),    static_cast<T>(1.0 - beta2),    static_cast<T>(eps),   static_cast<T>(weight_decay)};
+}
+/// LAMB's constants of step t >= 1.
 template <class T>
 inline LambConsts<T> lamb_consts(double beta1, double beta2, double eps, double weight_decay, long long step) {
-  return {static_cast<T>(1.0 / (1.0 - std::pow(beta1, static_cast<double>(step)))),
-          static_cast<T>(1.0 / (1.0 - std::pow(beta2, static_cast<double>(step)))),
-          static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(1.0 - beta1), static_cast<T>(1.0 - beta2),
-          static_cast<T>(eps), static_cast<T>(weight_decay)};
+  return lamb_consts_from<T>(adam_bias_correction(beta1, step), adam_bias_correction(beta2, step), beta1, beta2, eps, weight_decay);
 }
 /// LAMB's moments for one element: m = β1 m + (1-β1) g, v = β2 v + (1-β2) g².
 template <class T>

@@ -7,6 +7,7 @@
 //   const int t = owner_of(starts.data(), count, global_row);   // which tensor global_row belongs to
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -40,6 +41,17 @@ std::vector<std::array<double, K>> sum_by_tensor(const std::vector<Chunk>& chunk
   for (std::size_t b = 0; b < chunks.size(); ++b)
     for (int j = 0; j < K; ++j) out[static_cast<std::size_t>(chunks[b].tensor)][j] += partials[b * K + j];
   return out;
+}
+
+/// Where each tensor's chunks begin: tensor t owns chunks [first[t], first[t + 1]) (count + 1 entries; a
+/// tensor without chunks owns an empty range). chunk_table lists each tensor's chunks together, in order.
+inline std::vector<std::int64_t> chunk_firsts(const std::vector<Chunk>& chunks, int count) {
+  const auto n = static_cast<std::int64_t>(chunks.size());
+  std::vector<std::int64_t> first(static_cast<std::size_t>(count < 0 ? 0 : count) + 1, n);
+  for (std::int64_t b = n - 1; b >= 0; --b) first[static_cast<std::size_t>(chunks[static_cast<std::size_t>(b)].tensor)] = b;
+  for (int t = count - 1; t >= 0; --t)
+    first[static_cast<std::size_t>(t)] = std::min(first[static_cast<std::size_t>(t)], first[static_cast<std::size_t>(t) + 1]);
+  return first;
 }
 
 /// Numbers the items of `count` tensors (sizes[t] each: rows, columns ...) in one range: tensor t owns

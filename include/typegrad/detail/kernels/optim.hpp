@@ -105,9 +105,14 @@ struct BoundaryRule {
 struct LambScalars {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   std::int64_t step = 1;
+  /// Note [the step boundary on the device]: as AdamScalars::boundary (skip, lr · lr_scale, t and the bias
+  /// corrections 1 - β^t, which LAMB shares with Adam, from the state).
+  const double* boundary = nullptr;
+  float lr_scale = 1.f;
+  double bc1 = 0, bc2 = 0;  // set by resolve_boundary
 };
 /// LAMB's trust ratio ||p|| / ||u|| from the sums of squares (1 when either is 0); shared with the CUDA kernel.
-inline double lamb_trust_ratio(double p_sq_sum, double u_sq_sum) {
+TG_HOST_DEVICE inline double lamb_trust_ratio(double p_sq_sum, double u_sq_sum) {
   return (p_sq_sum > 0 && u_sq_sum > 0) ? std::sqrt(p_sq_sum) / std::sqrt(u_sq_sum) : 1.0;
 }
 
@@ -188,8 +193,9 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM)
 // (detail/math.hpp's element functions), so a multi-tensor step equals its tensors' per-tensor steps.
 // adam_step_multi:      Adam / AdamW (Note [Adam update]).
 // sgd_step_multi:       torch.optim.SGD; every buf must be set when momentum != 0.
-// lamb_step_multi:      LAMB; writes each tensor's trust ratio to trust_ratios (host memory, count entries)
-//                       when it is not null. CUDA: two launches and one read-back of per-chunk fp64 sums.
+// lamb_step_multi:      LAMB; writes each tensor's trust ratio to trust_ratios (count fp64 entries on the
+//                       kernel's device) when it is not null and the step is taken. CUDA: three launches
+//                       (moments and per-chunk fp64 sums; per-tensor ratios; the update) and no read-back.
 // adafactor_step_multi: Adafactor, factored or full per tensor. CUDA: six launches and one read-back.
 #define TG_KERNELS_OPTIM_MULTI(K, ...)                                                                              \
   K(void, adam_step_multi, (const AdamTensor<T>* tensors, int count, const AdamScalars& s), __VA_ARGS__)              \
@@ -249,6 +255,16 @@ TG_HOST_DEVICE inline bool resolve_boundary(SgdScalars& s) {
   if (!s.boundary) return true;
   if (s.boundary[kSkip] != 0) return false;
   s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  return true;
+}
+/// The LAMB scalars of a step decided on the device (LambScalars::boundary); false: the step is skipped.
+TG_HOST_DEVICE inline bool resolve_boundary(LambScalars& s) {
+  if (!s.boundary) return true;
+  if (s.boundary[kSkip] != 0) return false;
+  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
+  s.bc1 = s.boundary[kBiasCorrection1];
+  s.bc2 = s.boundary[kBiasCorrection2];
   return true;
 }
 /// The Adam scalars of a step decided on the device (AdamScalars::boundary); false: the step is skipped.
