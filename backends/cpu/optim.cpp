@@ -238,7 +238,9 @@ void lamb_step_multi(const LambTensor<T>* tensors, int count, const LambScalars&
   }
 }
 template <class T>
-void adafactor_step_multi(const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& s) {
+void adafactor_step_multi(const AdafactorTensor<T>* tensors, int count, const AdafactorScalars& scalars) {
+  AdafactorScalars s = scalars;
+  if (!resolve_boundary(s)) return;  // Note [the step boundary on the device]: a skipped step
   for (int i = 0; i < count; ++i) {
     const AdafactorTensor<T>& x = tensors[i];
     if (x.rows * x.cols == 0) continue;

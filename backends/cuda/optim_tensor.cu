@@ -2,9 +2,10 @@
 // so an optimizer dispatches them with TG_BACKEND like any op kernel, and the multi-tensor Adafactor step
 // (the per-tensor Adafactor forms are its one-tensor case). The element math is shared with the CPU
 // loops (math::sgd_update, math::lamb_moments / lamb_direction; the Adafactor formula is written out as in
-// backends/cpu/optim.cpp), and the host-side scalars (LAMB's trust ratio, Adafactor's step size and clipping)
-// are the CPU's functions. Reductions are deterministic: each block writes its fp64 partial sum, and the host
-// adds the partials in block order (the read-back synchronizes, as the CPU's ratio needs the sums anyway).
+// backends/cpu/optim.cpp), and so are the per-tensor scalars (LAMB's trust ratio, Adafactor's step size and
+// clipping: lamb_trust_ratio, adafactor_apply). Reductions are deterministic: each block writes its fp64 partial
+// sum, added in block order: by the host for the per-tensor LAMB step (one read-back: it returns the ratio), by
+// one thread per tensor on the device for the multi-tensor Adafactor step (no read-back).
 #include <array>
 #include <type_traits>
 #include <vector>
@@ -90,9 +91,19 @@ struct SecondMoment {
   __device__ float at(std::int64_t k) const { return v ? v[k] : (r[k / cols] * inv_total) * c[k % cols]; }
 };
 
+/// With the device boundary's state (Note [the step boundary on the device]): false when the step is skipped,
+/// else β̂2_t from the state into b2.
+__device__ inline bool adafactor_beta2_of(const double* state, double& b2) {
+  if (!state) return true;
+  if (state[kSkip] != 0) return false;
+  b2 = state[kBiasCorrection1];
+  return true;
+}
+
 /// Global row `row` of the factored tensors (one block per row, grid-stride over rows).
 __global__ void adafactor_rows_multi_kernel(const AdafactorTensor<float>* tensors, int count, const std::int64_t* row_starts,
-                                            double b2, double eps1) {
+                                            double b2, double eps1, const double* state) {
+  if (!adafactor_beta2_of(state, b2)) return;
   __shared__ double shm[32];
   const std::int64_t total = row_starts[count];
   for (std::int64_t row = blockIdx.x; row < total; row += gridDim.x) {  // uniform over the block
@@ -108,7 +119,8 @@ __global__ void adafactor_rows_multi_kernel(const AdafactorTensor<float>* tensor
 }
 /// Global column `col` of the factored tensors (one thread per column, rows in order).
 __global__ void adafactor_cols_multi_kernel(const AdafactorTensor<float>* tensors, int count, const std::int64_t* col_starts,
-                                            double b2, double eps1) {
+                                            double b2, double eps1, const double* state) {
+  if (!adafactor_beta2_of(state, b2)) return;
   TG_GRID_STRIDE(col, col_starts[count]) {
     const int t = detail::owner_of(col_starts, count, col);
     const AdafactorTensor<float> x = tensors[t];
@@ -123,7 +135,13 @@ __global__ void adafactor_cols_multi_kernel(const AdafactorTensor<float>* tensor
 }
 /// The full second moments, over the chunks of the full tensors.
 __global__ void adafactor_full_moment_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks,
-                                                   std::int64_t n_chunks, float b2, float one_b2, float eps1) {
+                                                   std::int64_t n_chunks, float b2, float one_b2, float eps1, const double* state) {
+  if (state) {  // the host's float(β̂2_t) and float(1 − β̂2_t), from the state's β̂2_t
+    double beta2 = 0;
+    if (!adafactor_beta2_of(state, beta2)) return;
+    b2 = static_cast<float>(beta2);
+    one_b2 = static_cast<float>(1.0 - beta2);
+  }
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const AdafactorTensor<float> x = tensors[chunks[b].tensor];
     const std::int64_t n = x.rows * x.cols, end = chunks[b].start + kChunk < n ? chunks[b].start + kChunk : n;
@@ -150,7 +168,8 @@ __device__ SecondMoment second_moment_of(const AdafactorTensor<float>& x, float 
 }
 /// Per-chunk sums of U² and X² into partials[2 b], [2 b + 1] (fixed block shape: deterministic).
 __global__ void adafactor_norms_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
-                                             const float* inv_total, double* partials) {
+                                             const float* inv_total, double* partials, const double* state) {
+  if (state && state[kSkip] != 0) return;
   __shared__ double shm[32];
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {  // uniform over the block
     const int t = chunks[b].tensor;
@@ -171,11 +190,36 @@ __global__ void adafactor_norms_multi_kernel(const AdafactorTensor<float>* tenso
     }
   }
 }
+/// Each tensor's step size alpha[t] and 1 / clipping divisor inv_clip[t], one thread per tensor: its chunks
+/// [first[t], first[t + 1]) add their sums of U² and X² in chunk order (detail::sum_by_tensor's order, from 0),
+/// then adafactor_apply, as the host computed them; nothing is read back. With s.boundary, ρ and β̂2_t are
+/// the state's and a skipped step writes nothing.
+__global__ void adafactor_scales_kernel(const AdafactorTensor<float>* tensors, const std::int64_t* first, int count,
+                                        const double* partials, AdafactorScalars s, float* alpha, float* inv_clip) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  if (!resolve_boundary(s)) return;
+  const std::int64_t n = tensors[t].rows * tensors[t].cols;
+  if (n == 0) {
+    alpha[t] = 0.f;
+    inv_clip[t] = 1.f;
+    return;
+  }
+  double u_sq = 0, p_sq = 0;
+  for (std::int64_t b = first[t]; b < first[t + 1]; ++b) {
+    u_sq += partials[2 * b];
+    p_sq += partials[2 * b + 1];
+  }
+  const AdafactorApply a = adafactor_apply(s, u_sq, p_sq, n);
+  alpha[t] = static_cast<float>(a.alpha);
+  inv_clip[t] = static_cast<float>(1.0 / a.clip_div);
+}
 /// The update (math::adafactor_update) with tensor t's step size alpha[t] and clipping 1 / clip_div as
 /// inv_clip[t]; `c` holds the rest (its alpha and inv_clip are replaced per tensor).
 __global__ void adafactor_apply_multi_kernel(const AdafactorTensor<float>* tensors, const Chunk* chunks, std::int64_t n_chunks,
                                              const float* inv_total, const float* alpha, const float* inv_clip,
-                                             math::AdafactorConsts<float> c) {
+                                             math::AdafactorConsts<float> c, const double* state) {
+  if (state && state[kSkip] != 0) return;
   for (std::int64_t b = blockIdx.x; b < n_chunks; b += gridDim.x) {
     const int t = chunks[b].tensor;
     const AdafactorTensor<float> x = tensors[t];
@@ -263,47 +307,43 @@ void adafactor_step_multi(const AdafactorTensor<T>* tensors, int count, const Ad
   const auto n_chunks = static_cast<std::int64_t>(chunks.size()), n_full = static_cast<std::int64_t>(full_chunks.size());
   detail::Workspace wt(n * sizeof(AdafactorTensor<float>)), wr((n + 1) * sizeof(std::int64_t)), wc((n + 1) * sizeof(std::int64_t)),
       wch(chunks.size() * sizeof(Chunk)), wfull(full_chunks.size() * sizeof(Chunk)), wtot(n * sizeof(float)),
-      wp(chunks.size() * 2 * sizeof(double)), wa(n * sizeof(float)), wi(n * sizeof(float));
+      wp(chunks.size() * 2 * sizeof(double)), wa(n * sizeof(float)), wi(n * sizeof(float)), wf((n + 1) * sizeof(std::int64_t));
   const AdafactorTensor<float>* dt = detail::upload(wt, tensors, count);
   const std::int64_t* drows = detail::upload(wr, row_starts.data(), count + 1);
   const std::int64_t* dcols = detail::upload(wc, col_starts.data(), count + 1);
   const Chunk* dch = detail::upload(wch, chunks.data(), n_chunks);
   const Chunk* dfull = detail::upload(wfull, full_chunks.data(), n_full);
   const unsigned max_blocks = 65535u * 4u;
+  const double* state = s.boundary;  // Note [the step boundary on the device]: skip and β̂2_t read there
   if (row_starts.back() > 0) {
     adafactor_rows_multi_kernel<<<static_cast<unsigned>(std::min<std::int64_t>(row_starts.back(), max_blocks)),
-                                  detail::row_threads(max_cols), 0, detail::stream()>>>(dt, count, drows, s.beta2, s.eps1);
+                                  detail::row_threads(max_cols), 0, detail::stream()>>>(dt, count, drows, s.beta2, s.eps1, state);
     TG_CUDA_LAUNCHED();
     adafactor_cols_multi_kernel<<<detail::grid_for(col_starts.back()), detail::kThreads, 0, detail::stream()>>>(
-        dt, count, dcols, s.beta2, s.eps1);
+        dt, count, dcols, s.beta2, s.eps1, state);
     TG_CUDA_LAUNCHED();
   }
   if (n_full > 0) {
     adafactor_full_moment_multi_kernel<<<static_cast<unsigned>(std::min<std::int64_t>(n_full, max_blocks)), detail::kThreads,
                                          0, detail::stream()>>>(dt, dfull, n_full, static_cast<float>(s.beta2),
-                                                                static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1));
+                                                                static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1), state);
     TG_CUDA_LAUNCHED();
   }
   adafactor_row_totals_kernel<<<static_cast<unsigned>((n + 127) / 128), 128, 0, detail::stream()>>>(dt, count, wtot.as<float>());
   TG_CUDA_LAUNCHED();
   const unsigned chunk_blocks = static_cast<unsigned>(std::min<std::int64_t>(n_chunks, max_blocks));
   adafactor_norms_multi_kernel<<<chunk_blocks, detail::kThreads, 0, detail::stream()>>>(dt, dch, n_chunks, wtot.as<float>(),
-                                                                                         wp.as<double>());
+                                                                                         wp.as<double>(), state);
   TG_CUDA_LAUNCHED();
-  std::vector<double> partials(chunks.size() * 2);
-  detail::download(partials.data(), wp.as<double>(), static_cast<std::int64_t>(partials.size()));
-  const auto sums = detail::sum_by_tensor<2>(chunks, partials.data(), count);
-  std::vector<float> alpha(n, 0.f), inv_clip(n, 1.f);
-  for (std::size_t t = 0; t < n; ++t) {
-    if (all[t] == 0) continue;
-    const AdafactorApply a = adafactor_apply(s, sums[t][0], sums[t][1], all[t]);
-    alpha[t] = static_cast<float>(a.alpha);
-    inv_clip[t] = static_cast<float>(1.0 / a.clip_div);
-  }
-  const float* dalpha = detail::upload(wa, alpha.data(), count);
-  const float* dclip = detail::upload(wi, inv_clip.data(), count);
+  // the step sizes on the device, in the stream's order: nothing is read back
+  const std::vector<std::int64_t> first = detail::chunk_firsts(chunks, count);
+  const std::int64_t* dfirst = detail::upload(wf, first.data(), static_cast<std::int64_t>(first.size()));
+  adafactor_scales_kernel<<<static_cast<unsigned>((n + detail::kThreads - 1) / detail::kThreads), detail::kThreads, 0, detail::stream()>>>(
+      dt, dfirst, count, wp.as<double>(), s, wa.as<float>(), wi.as<float>());
+  TG_CUDA_LAUNCHED();
   adafactor_apply_multi_kernel<<<chunk_blocks, detail::kThreads, 0, detail::stream()>>>(
-      dt, dch, n_chunks, wtot.as<float>(), dalpha, dclip, math::adafactor_consts<float>(0.0, 1.0, s.weight_decay, s.beta1));
+      dt, dch, n_chunks, wtot.as<float>(), wa.as<float>(), wi.as<float>(), math::adafactor_consts<float>(0.0, 1.0, s.weight_decay, s.beta1),
+      state);
   TG_CUDA_LAUNCHED();
 }
 

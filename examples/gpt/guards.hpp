@@ -216,9 +216,6 @@ void validate_options(const Options& o) {
       throw tg::Error("--tp/--pp: --plot, --sample-every, --log-errors warn and --allow-nonfinite-weights are not combined with the grid run yet");
     if (o.device_boundary) throw tg::Error("--device-boundary is not combined with --tp/--pp (their ranks decide each step together, on the host)");
   }
-  if (o.device_boundary && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "sgd" && o.optimizer != "lamb")
-    throw tg::Error("--device-boundary needs --optimizer adamw, adam, sgd or lamb (their kernels read the step from the device; adafactor "
-                    "reads its per-tensor norms back on the host); got ", o.optimizer);
   if (o.device_boundary && o.offload) throw tg::Error("--device-boundary is not combined with --offload (the update runs on the host)");
   if (!o.dist.empty()) {
     if (!(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 4096))

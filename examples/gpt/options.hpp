@@ -188,7 +188,7 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
                                        "off; results are the eager run's bit for bit)");
   app.add_flag("--device-boundary", o.device_boundary,
                "decide the step boundary (unscale, inf/NaN check, clipping, the AdamW step) on the training device: the "
-               "step's losses, overflow flag and norm are read once, after it (the same results; needs --optimizer adamw, adam, sgd or lamb; with --dist "
+               "step's losses, overflow flag and norm are read once, after it (the same results; every --optimizer; with --dist "
                "the ranks sum them on the device)");
   app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "
                                  "--memory-budget choice, then exit (one step is run to capture it; nothing is written)");

@@ -1,7 +1,7 @@
 // The step boundary on the GPU (Note [the step boundary on the device]): a TrainStep of nn::BasicGPT<cuda> whose
 // boundary the device decides logs the host boundary's losses, skips the same steps (fp16 overflows, a NaN
 // loss under OnNonFinite::skip), keeps the optimizer's lr, ends at the same weights bit for bit and reads the
-// device once per step; AdamW, SGD and LAMB (its trust ratios too), with per-group lr scales. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
+// device once per step; AdamW, SGD, LAMB (its trust ratios too) and Adafactor, with per-group lr scales. Skips without a GPU; the CPU tests (bit for bit there) are tests/train/test_device_boundary.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,6 +39,7 @@ struct Case {
   int bad_loss_step = -1;  // NaN added to the loss at this step (the gradients stay finite)
   bool sgd = false;        // SGD with momentum instead of AdamW
   bool lamb = false;       // LAMB instead of AdamW (Note [LAMB on the device])
+  bool adafactor = false;  // Adafactor (with a first moment) instead of AdamW
   bool clip = true;
   tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
 };
@@ -65,6 +66,8 @@ Outcome train(bool device, const Case& c) {
   groups[1].lr_scale = 2.f;
   std::unique_ptr<tg::optim::BasicOptimizer<tg::cuda>> opt;
   if (c.sgd) opt = std::make_unique<tg::optim::BasicSgd<tg::cuda>>(std::move(groups), tg::optim::SgdOptions{.lr = 3e-2f, .momentum = 0.9f});
+  else if (c.adafactor)
+    opt = std::make_unique<tg::optim::BasicAdafactor<tg::cuda>>(std::move(groups), tg::optim::AdafactorOptions{.lr = 3e-3f, .beta1 = 0.9f, .weight_decay = 0.1f});
   else if (c.lamb)
     opt = std::make_unique<tg::optim::BasicLamb<tg::cuda>>(std::move(groups), tg::optim::LambOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f});
   else opt = std::make_unique<tg::optim::BasicAdamW<tg::cuda>>(std::move(groups), tg::optim::AdamWOptions{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
@@ -131,5 +134,6 @@ TEST(CudaBoundary, SkipsANonFiniteLossWithFiniteGradients) {
 }
 TEST(CudaBoundary, SgdWithMomentumInFp16) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 5, .sgd = true}); }
 TEST(CudaBoundary, LambInFp16WithAnInf) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 3, .lamb = true}); }
+TEST(CudaBoundary, AdafactorInFp16WithAnInf) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 3, .adafactor = true}); }
 
 }  // namespace

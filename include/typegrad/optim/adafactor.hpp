@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "typegrad/optim/optimizer.hpp"
 
@@ -58,14 +59,20 @@ inline std::vector<SlotSpec> adafactor_slots(const AdafactorOptions& o, const Sh
   if (o.beta1 > 0) s.push_back({"exp_avg", shape});
   return s;
 }
+/// β̂2_t = 1 − t^(−c) and 1/sqrt(t) of step t >= 1: the step constants a device boundary hands the kernels.
+inline std::pair<double, double> adafactor_step_constants(const AdafactorOptions& o, std::int64_t step) {
+  const double t = static_cast<double>(step);
+  return {1.0 - std::pow(t, -static_cast<double>(o.decay_rate)), 1.0 / std::sqrt(t)};
+}
 /// The per-step scalars of one parameter at its step t >= 1 with the group's lr and weight decay.
 inline backend::AdafactorScalars adafactor_scalars(const AdafactorOptions& o, float lr, float weight_decay,
                                                         std::int64_t step) {
-  const double t = static_cast<double>(step);
+  const auto [beta2, inv_sqrt_t] = adafactor_step_constants(o, step);
   backend::AdafactorScalars s;
-  s.rho = o.relative_step ? std::min(static_cast<double>(lr), 1.0 / std::sqrt(t)) : lr;
+  s.rho = o.relative_step ? std::min(static_cast<double>(lr), inv_sqrt_t) : lr;
+  s.relative_step = o.relative_step;
   s.scale_parameter = o.scale_parameter;
-  s.beta2 = 1.0 - std::pow(t, -static_cast<double>(o.decay_rate));
+  s.beta2 = beta2;
   s.eps1 = o.eps1;
   s.eps2 = o.eps2;
   s.clip_threshold = o.clip_threshold;
@@ -94,13 +101,20 @@ class BasicAdafactor final : public BasicOptimizer<D> {
   BasicAdafactor(std::vector<BasicParam<D>> params, AdafactorOptions o)
       : BasicAdafactor(Base::one_group(std::move(params)), o) {}
   const char* name() const override { return "Adafactor"; }
+  bool reads_device_boundary() const override { return true; }
+  std::pair<double, double> device_step_constants(std::int64_t t) const override { return adafactor_step_constants(o_, t); }
 
  protected:
   std::vector<SlotSpec> slots(const Shape& shape) const override { return adafactor_slots(o_, shape); }
   void update(std::span<Update> ready) override {
-    Base::for_each_run(ready, [](const Update& u) { return std::tuple(u.lr(), u.weight_decay(), u.step()); },
+    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
+    const bool on_device = this->boundary() != nullptr;
+    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); },
                        [&](std::span<Update> run) {
-                         const auto s = adafactor_scalars(o_, run[0].lr(), run[0].weight_decay(), run[0].step());
+                         auto s = adafactor_scalars(o_, run[0].lr(), run[0].weight_decay(), run[0].step());
+                         // Note [the step boundary on the device]: skip, lr (· the scale), β̂2_t and 1/sqrt(t) from the state
+                         s.boundary = this->boundary();
+                         s.lr_scale = run[0].lr_scale();
                          tensors_.clear();
                          for (const Update& u : run) {
                            if (u.numel() == 0) continue;

@@ -144,7 +144,7 @@ class BasicOptimizer : public AnyOptimizer {
   /// kernel reads skip, lr and t from `state` (kBoundarySize fp64 values on D). The step counts advance
   /// here as if the step is taken; undo_step() takes them back when the host reads that it was skipped.
   void step_on_device(const double* state) {
-    TG_CHECK(reads_device_boundary(), name(), ": this optimizer cannot take its step from a device boundary (SGD, Adam, AdamW and LAMB can; Adafactor reads its per-tensor norms back on the host)");
+    TG_CHECK(reads_device_boundary(), name(), ": this optimizer cannot take its step from a device boundary (its update rule does not say reads_device_boundary(); SGD, Adam, AdamW, LAMB and Adafactor do)");
     boundary_ = state;
     try {
       step();

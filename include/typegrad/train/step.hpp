@@ -86,7 +86,7 @@ struct StepOptions {
   /// Decide the boundary on the step's device (Note [the step boundary on the device]): the losses, the
   /// overflow check, the norm and clipping stay on the device, the optimizer reads its step from there, and
   /// run() reads the outcome once, after the step. The same results as the host boundary (bit for bit on the
-  /// CPU). Needs an optimizer that reads a device boundary (SGD, Adam, AdamW, LAMB), and one process or a
+  /// CPU). Needs an optimizer that reads a device boundary (SGD, Adam, AdamW, LAMB, Adafactor), and one process or a
   /// data-parallel sync, whose ranks then sum their values on the device (Note [the device boundary across
   /// ranks]); a model-parallel run's ranks decide on the host.
   bool device_boundary = false;
@@ -119,7 +119,7 @@ class TrainStep {
     if (options_.device_boundary) {
       TG_CHECK(!options_.sync || options_.sync->sums_on_device(), "TrainStep: device_boundary takes one process or a data-parallel ",
                "run (dist::DataParallel); this run's ranks (a model-parallel group) decide each step on the host");
-      TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (SGD, Adam, AdamW, LAMB; Adafactor reads its norms back on the host); ", opt.name(),
+      TG_CHECK(opt.reads_device_boundary(), "TrainStep: device_boundary needs an optimizer that reads it (reads_device_boundary(): SGD, Adam, AdamW, LAMB, Adafactor); ", opt.name(),
                " does not");
       backend::BoundaryRule rule;
       rule.scaler_checks = Scaler::scales_loss;

@@ -123,6 +123,12 @@ struct AdafactorScalars {
   double eps1 = 1e-30, eps2 = 1e-3, clip_threshold = 1.0;
   double beta1 = 0;          // 0: no first moment (m may be null)
   double weight_decay = 0;
+  /// Note [the step boundary on the device]: when set, the kernels take skip, lr (float(state[kLr]) ·
+  /// lr_scale) and the step constants from the state: β̂2_t = state[kBiasCorrection1] and 1/sqrt(t) =
+  /// state[kBiasCorrection2] (the host's, written by begin), ρ = min(lr, 1/sqrt(t)) with relative_step, else lr.
+  const double* boundary = nullptr;
+  float lr_scale = 1.f;
+  bool relative_step = false;
 };
 
 /// The shared tail of Adafactor (CPU and CUDA): from sum U² and sum X² over n elements, the step size
@@ -131,11 +137,12 @@ struct AdafactorScalars {
 struct AdafactorApply {
   double alpha, clip_div;
 };
-inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum, double p_sq_sum, std::int64_t n) {
+TG_HOST_DEVICE inline AdafactorApply adafactor_apply(const AdafactorScalars& s, double u_sq_sum, double p_sq_sum, std::int64_t n) {
   const double rms_u = std::sqrt(u_sq_sum / static_cast<double>(n));
   const double rms_p = std::sqrt(p_sq_sum / static_cast<double>(n));
-  const double alpha = s.scale_parameter ? s.rho * std::max(s.eps2, rms_p) : s.rho;
-  return {alpha, std::max(1.0, rms_u / s.clip_threshold)};
+  const double alpha = s.scale_parameter ? s.rho * (s.eps2 < rms_p ? rms_p : s.eps2) : s.rho;  // std::max's choice, NaN included
+  const double ratio = rms_u / s.clip_threshold;
+  return {alpha, 1.0 < ratio ? ratio : 1.0};
 }
 
 /// The 16-bit compute copy an Adam step writes with each updated element (Note [the optimizer writes the
@@ -196,7 +203,8 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM)
 // lamb_step_multi:      LAMB; writes each tensor's trust ratio to trust_ratios (count fp64 entries on the
 //                       kernel's device) when it is not null and the step is taken. CUDA: three launches
 //                       (moments and per-chunk fp64 sums; per-tensor ratios; the update) and no read-back.
-// adafactor_step_multi: Adafactor, factored or full per tensor. CUDA: six launches and one read-back.
+// adafactor_step_multi: Adafactor, factored or full per tensor. CUDA: seven launches (the step sizes
+//                       computed per tensor on the device) and no read-back.
 #define TG_KERNELS_OPTIM_MULTI(K, ...)                                                                              \
   K(void, adam_step_multi, (const AdamTensor<T>* tensors, int count, const AdamScalars& s), __VA_ARGS__)              \
   K(void, sgd_step_multi, (const SgdTensor<T>* tensors, int count, const SgdScalars& s), __VA_ARGS__)                 \
@@ -249,6 +257,16 @@ TG_HOST_DEVICE inline void boundary_begin_values(double* st, T* loss_factor, con
   st[kScale] = b.scale;
   st[kCoef] = 1;
   *loss_factor = static_cast<T>(b.scale * b.inv_n);  // accum.scale(loss, scaler)'s factor
+}
+/// The Adafactor scalars of a step decided on the device (AdafactorScalars::boundary); false: the step is skipped.
+TG_HOST_DEVICE inline bool resolve_boundary(AdafactorScalars& s) {
+  if (!s.boundary) return true;
+  if (s.boundary[kSkip] != 0) return false;
+  const double lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  const double inv_sqrt_t = s.boundary[kBiasCorrection2];
+  s.rho = s.relative_step ? (inv_sqrt_t < lr ? inv_sqrt_t : lr) : lr;  // std::min(lr, 1/sqrt(t))
+  s.beta2 = s.boundary[kBiasCorrection1];
+  return true;
 }
 /// The SGD scalars of a step decided on the device (SgdScalars::boundary); false: the step is skipped.
 TG_HOST_DEVICE inline bool resolve_boundary(SgdScalars& s) {
