@@ -187,7 +187,7 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
   app.add_flag("--no-fuse", o.no_fuse, "with --compile: keep chains of separate elementwise ops as written (the fusion rewrite "
                                        "off; results are the eager run's bit for bit)");
   app.add_flag("--device-boundary", o.device_boundary,
-               "decide the step boundary (unscale, inf/NaN check, clipping, the AdamW step) on the training device: the "
+               "decide the step boundary (unscale, inf/NaN check, clipping, the optimizer's step) on the training device: the "
                "step's losses, overflow flag and norm are read once, after it (the same results; every --optimizer; with --dist "
                "the ranks sum them on the device)");
   app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "

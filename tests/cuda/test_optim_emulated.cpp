@@ -1,7 +1,8 @@
-// The optimizer's multi-tensor kernels of every GPU training step run on the CPU (backends/cuda/optim_multi.cuh):
+// The optimizer's multi-tensor kernels of every GPU training step run on the CPU (backends/cuda/optim_multi.cuh and
+// adafactor_multi.cuh):
 // Adam / AdamW writing the bf16 / fp16 weight copies in the same pass (Note [the optimizer writes the weight
 // copies]), with its constants from the host or from the device boundary's state (Note [the step boundary on the
-// device]); SGD; LAMB's two passes; the loss scaler's unscale; clipping's per-chunk sums of squares and its rescale; and the step
+// device]); SGD; LAMB's moments, per-tensor ratios and update; Adafactor's seven launches; the loss scaler's unscale; clipping's per-chunk sums of squares and its rescale; and the step
 // boundary's one-thread kernels (begin, note_loss, the chunk-order total, decide). Their bodies are compiled unchanged
 // as host code, each block as real threads (blocks one after another), over the chunk tables and grids the launchers
 // in optim.cu build (chunk_table, blocks_for, 256 threads), and over a shorter grid too, so that a block takes several
@@ -114,6 +115,12 @@ using detail::Chunk;
 using detail::chunk_table;
 using detail::kChunk;
 #include "optim_multi.cuh"
+// common.cuh's grid-stride loop, for adafactor_multi.cuh
+#define TG_GRID_STRIDE(i, n)                                                                        \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+#include "adafactor_multi.cuh"
+#undef TG_GRID_STRIDE
 }  // namespace
 }  // namespace tg::backend::cuda
 #undef __shared__
@@ -247,6 +254,59 @@ void emu_lamb(const std::vector<AdamTensor<float>>& ts, const be::LambScalars& s
   launch(blocks, cu::detail::kThreads, [&] {
     if (s.boundary) cu::lamb_apply_multi_kernel<true>(ts.data(), chunks.data(), n, c, s, scales.data());
     else cu::lamb_apply_multi_kernel<false>(ts.data(), chunks.data(), n, c, s, scales.data());
+  });
+}
+
+/// adafactor_step_multi as optim_tensor.cu launches it: row and column statistics of the factored tensors,
+/// the full moments, the row totals, the per-chunk sums, the step sizes (one thread per tensor), the update.
+void emu_adafactor(const std::vector<be::AdafactorTensor<float>>& ts, const be::AdafactorScalars& s) {
+  const int count = static_cast<int>(ts.size());
+  const auto n = static_cast<std::size_t>(count);
+  std::vector<i64> rows(n, 0), cols(n, 0), full(n, 0), all(n, 0);
+  i64 max_cols = 1;
+  for (std::size_t t = 0; t < n; ++t) {
+    all[t] = ts[t].rows * ts[t].cols;
+    if (ts[t].v) full[t] = all[t];
+    else if (all[t] > 0) {
+      rows[t] = ts[t].rows;
+      cols[t] = ts[t].cols;
+      max_cols = std::max(max_cols, ts[t].cols);
+    }
+  }
+  const std::vector<Chunk> chunks = chunk_table(count, all.data());
+  if (chunks.empty()) return;
+  const std::vector<Chunk> full_chunks = chunk_table(count, full.data());
+  const std::vector<i64> row_starts = cu::detail::prefix_starts(count, rows.data()), col_starts = cu::detail::prefix_starts(count, cols.data());
+  const auto n_chunks = static_cast<i64>(chunks.size()), n_full = static_cast<i64>(full_chunks.size());
+  const i64 max_blocks = 65535 * 4;
+  const double* state = s.boundary;
+  // common.cuh's row_threads and grid_for
+  const int row_threads = max_cols <= 64 ? 32 : max_cols <= 256 ? 64 : max_cols <= 1024 ? 128 : max_cols <= 4096 ? 256 : 512;
+  const auto grid_for = [](i64 items) { return std::clamp<i64>((items + cu::detail::kThreads - 1) / cu::detail::kThreads, 1, 65535LL * 16); };
+  if (row_starts.back() > 0) {
+    launch(std::min(row_starts.back(), max_blocks), row_threads,
+           [&] { cu::adafactor_rows_multi_kernel(ts.data(), count, row_starts.data(), s.beta2, s.eps1, state); });
+    launch(grid_for(col_starts.back()), cu::detail::kThreads,
+           [&] { cu::adafactor_cols_multi_kernel(ts.data(), count, col_starts.data(), s.beta2, s.eps1, state); });
+  }
+  if (n_full > 0)
+    launch(std::min(n_full, max_blocks), cu::detail::kThreads, [&] {
+      cu::adafactor_full_moment_multi_kernel(ts.data(), full_chunks.data(), n_full, static_cast<float>(s.beta2),
+                                             static_cast<float>(1.0 - s.beta2), static_cast<float>(s.eps1), state);
+    });
+  std::vector<float> inv_total(n, std::numeric_limits<float>::quiet_NaN());
+  launch((count + 127) / 128, 128, [&] { cu::adafactor_row_totals_kernel(ts.data(), count, inv_total.data()); });
+  std::vector<double> partials(chunks.size() * 2, std::numeric_limits<double>::quiet_NaN());
+  const i64 chunk_blocks = std::min(n_chunks, max_blocks);
+  launch(chunk_blocks, cu::detail::kThreads,
+         [&] { cu::adafactor_norms_multi_kernel(ts.data(), chunks.data(), n_chunks, inv_total.data(), partials.data(), state); });
+  const std::vector<i64> first = cu::detail::chunk_firsts(chunks, count);
+  std::vector<float> alpha(n, std::numeric_limits<float>::quiet_NaN()), inv_clip(n, std::numeric_limits<float>::quiet_NaN());
+  launch((count + cu::detail::kThreads - 1) / cu::detail::kThreads, cu::detail::kThreads,
+         [&] { cu::adafactor_scales_kernel(ts.data(), first.data(), count, partials.data(), s, alpha.data(), inv_clip.data()); });
+  launch(chunk_blocks, cu::detail::kThreads, [&] {
+    cu::adafactor_apply_multi_kernel(ts.data(), chunks.data(), n_chunks, inv_total.data(), alpha.data(), inv_clip.data(),
+                                     tg::math::adafactor_consts<float>(0.0, 1.0, s.weight_decay, s.beta1), state);
   });
 }
 
@@ -804,6 +864,119 @@ TEST(OptimEmulated, DeviceBoundaryMatchesTheCpuBoundary) {
             << "a skipped step wrote tensor " << k;
     } else {
       expect_adam_matches(mine, want);
+    }
+  }
+}
+
+// ---- Adafactor ---------------------------------------------------------------------------------------------
+/// Adafactor state for factored [rows, cols] matrices (rows > 0) and full vectors (rows == 0: cols elements).
+struct AdafactorGroup {
+  struct Shape2 {
+    i64 rows, cols;
+  };
+  std::vector<Shape2> shapes;
+  std::vector<Buf<float>> p, g, r, c, v, m;
+  AdafactorGroup(std::vector<Shape2> sh, std::uint64_t seed) : shapes(std::move(sh)) {
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const bool factored = shapes[k].rows > 0;
+      const i64 n = (factored ? shapes[k].rows : 1) * shapes[k].cols;
+      p.push_back(random_buf<float>(n, seed + 10 * k, -1.f, 1.f));
+      g.push_back(random_buf<float>(n, seed + 10 * k + 1, -0.1f, 0.1f));
+      m.push_back(random_buf<float>(n, seed + 10 * k + 2, -0.01f, 0.01f));
+      r.push_back(random_buf<float>(factored ? shapes[k].rows : 0, seed + 10 * k + 3, 0.5f, 2.f));
+      c.push_back(random_buf<float>(factored ? shapes[k].cols : 0, seed + 10 * k + 4, 0.5f, 2.f));
+      v.push_back(random_buf<float>(factored ? 0 : n, seed + 10 * k + 5, 0.f, 1e-3f));
+    }
+  }
+  std::vector<be::AdafactorTensor<float>> list(bool first_moment) {
+    std::vector<be::AdafactorTensor<float>> out;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      float* mk = first_moment ? m[k].data() : nullptr;
+      if (shapes[k].rows > 0) out.push_back({p[k].data(), g[k].data(), r[k].data(), c[k].data(), nullptr, mk, shapes[k].rows, shapes[k].cols});
+      else out.push_back({p[k].data(), g[k].data(), nullptr, nullptr, v[k].data(), mk, 1, shapes[k].cols});
+    }
+    return out;
+  }
+};
+// Factored matrices (a wide one: 512-thread rows), full vectors across a chunk edge, one element, an empty one.
+const std::vector<AdafactorGroup::Shape2> kAdafactorShapes = {{37, 70}, {3, 5000}, {0, kChunk + 5}, {0, 1}, {0, 0}, {64, 1}};
+
+be::AdafactorScalars adafactor_test_scalars(double beta1) {
+  be::AdafactorScalars s;
+  s.rho = 1e-2;
+  s.scale_parameter = true;
+  s.beta2 = 1.0 - std::pow(3.0, -0.8);
+  s.beta1 = beta1;
+  s.weight_decay = 0.01;
+  return s;
+}
+
+// The seven launches against the CPU's adafactor_step_multi: moments within the fp64 sums' order, p as the GPU
+// comparison (test_cuda_optim.cpp), with and without a first moment.
+TEST(OptimEmulated, AdafactorMultiMatchesTheCpu) {
+  for (const double beta1 : {0.0, 0.9}) {
+    SCOPED_TRACE("beta1 " + std::to_string(beta1));
+    const auto s = adafactor_test_scalars(beta1);
+    AdafactorGroup mine(kAdafactorShapes, 900), ref(kAdafactorShapes, 900);
+    emu_adafactor(mine.list(beta1 > 0), s);
+    const auto rl = ref.list(beta1 > 0);
+    cpu::adafactor_step_multi<float>(rl.data(), static_cast<int>(rl.size()), s);
+    for (std::size_t k = 0; k < kAdafactorShapes.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      ASSERT_TRUE(mine.p[k].guards_intact() && mine.r[k].guards_intact() && mine.c[k].guards_intact() && mine.v[k].guards_intact());
+      EXPECT_TRUE(close_all(mine.r[k], ref.r[k], 1e-3f)) << "r";
+      EXPECT_TRUE(close_all(mine.c[k], ref.c[k], 1e-3f)) << "c";
+      EXPECT_TRUE(close_all(mine.v[k], ref.v[k], 1e-4f)) << "v";
+      EXPECT_TRUE(close_all(mine.p[k], ref.p[k], 1.f)) << "p";
+      if (beta1 > 0) EXPECT_TRUE(close_all(mine.m[k], ref.m[k], 1e-2f)) << "m";
+      EXPECT_TRUE(same_all(mine.g[k], ref.g[k])) << "g is read only";
+    }
+  }
+}
+
+// Note [the step boundary on the device]: skip, lr (times the group's scale), β̂2_t and 1/sqrt(t) read from the
+// state, bit for bit the step with the same scalars from the host; a skipped step writes nothing.
+TEST(OptimEmulated, AdafactorMultiReadsTheStepFromTheBoundaryState) {
+  const std::int64_t t = 5;
+  auto s = adafactor_test_scalars(0.9);
+  s.relative_step = true;
+  s.lr_scale = 0.5f;
+  s.rho = 123;  // the state's
+  s.beta2 = 0.5;
+  auto host = adafactor_test_scalars(0.9);
+  host.rho = std::min(static_cast<double>(static_cast<float>(2e-3) * 0.5f), 1.0 / std::sqrt(static_cast<double>(t)));
+  host.beta2 = 1.0 - std::pow(static_cast<double>(t), -0.8);
+  for (const bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "skipped" : "taken");
+    std::vector<double> st(be::kBoundarySize);
+    float factor = 0;
+    be::BoundaryStart b;
+    b.lr = 2e-3;
+    b.step = static_cast<double>(t - 1);
+    b.bc1 = host.beta2;
+    b.bc2 = 1.0 / std::sqrt(static_cast<double>(t));
+    cpu::boundary_begin<float>(st.data(), &factor, b);
+    cpu::boundary_decide<float>(st.data(), be::BoundaryRule{});
+    if (skip) st[be::kSkip] = 1;
+    s.boundary = st.data();
+    AdafactorGroup mine(kAdafactorShapes, 950), same(kAdafactorShapes, 950), before(kAdafactorShapes, 950), ref(kAdafactorShapes, 950);
+    emu_adafactor(mine.list(true), s);
+    const auto rl = ref.list(true);
+    cpu::adafactor_step_multi<float>(rl.data(), static_cast<int>(rl.size()), s);
+    if (!skip) emu_adafactor(same.list(true), host);
+    for (std::size_t k = 0; k < kAdafactorShapes.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      if (skip) {
+        EXPECT_TRUE(same_bytes(mine.p[k], before.p[k]) && same_bytes(mine.r[k], before.r[k]) && same_bytes(mine.c[k], before.c[k]) &&
+                    same_bytes(mine.v[k], before.v[k]) && same_bytes(mine.m[k], before.m[k]))
+            << "a skipped step wrote";
+        EXPECT_TRUE(same_bytes(ref.p[k], before.p[k]) && same_bytes(ref.v[k], before.v[k])) << "the CPU's skipped step wrote";
+        continue;
+      }
+      EXPECT_TRUE(same_all(mine.p[k], same.p[k]) && same_all(mine.r[k], same.r[k]) && same_all(mine.c[k], same.c[k]) &&
+                  same_all(mine.v[k], same.v[k]) && same_all(mine.m[k], same.m[k]))
+          << "the state's step differs from the host's";
+      EXPECT_TRUE(close_all(mine.p[k], ref.p[k], 1.f)) << "p against the CPU";
     }
   }
 }
