@@ -275,24 +275,20 @@ TG_HOST_DEVICE inline bool resolve_boundary(SgdScalars& s) {
   s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
   return true;
 }
+/// Adam's and LAMB's scalars of a step decided on the device (their `boundary`): skip, lr · lr_scale, t and the
+/// bias corrections 1 - β^t from the state; false: the step is skipped.
+template <class Scalars>
+TG_HOST_DEVICE inline bool resolve_bias_corrected(Scalars& s) {
+  if (!s.boundary) return true;
+  if (s.boundary[kSkip] != 0) return false;
+  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
+  s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
+  s.bc1 = s.boundary[kBiasCorrection1];
+  s.bc2 = s.boundary[kBiasCorrection2];
+  return true;
+}
 /// The LAMB scalars of a step decided on the device (LambScalars::boundary); false: the step is skipped.
-TG_HOST_DEVICE inline bool resolve_boundary(LambScalars& s) {
-  if (!s.boundary) return true;
-  if (s.boundary[kSkip] != 0) return false;
-  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
-  s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
-  s.bc1 = s.boundary[kBiasCorrection1];
-  s.bc2 = s.boundary[kBiasCorrection2];
-  return true;
-}
+TG_HOST_DEVICE inline bool resolve_boundary(LambScalars& s) { return resolve_bias_corrected(s); }
 /// The Adam scalars of a step decided on the device (AdamScalars::boundary); false: the step is skipped.
-TG_HOST_DEVICE inline bool resolve_boundary(AdamScalars& s) {
-  if (!s.boundary) return true;
-  if (s.boundary[kSkip] != 0) return false;
-  s.lr = static_cast<double>(static_cast<float>(s.boundary[kLr]) * s.lr_scale);
-  s.step = static_cast<std::int64_t>(s.boundary[kStep]) + 1;
-  s.bc1 = s.boundary[kBiasCorrection1];
-  s.bc2 = s.boundary[kBiasCorrection2];
-  return true;
-}
+TG_HOST_DEVICE inline bool resolve_boundary(AdamScalars& s) { return resolve_bias_corrected(s); }
 }  // namespace tg::backend
