@@ -115,7 +115,7 @@ void BM_DropoutForward(benchmark::State& state) {
   const tg::Shape shape{kTokens, kWidth}, strides{kWidth, 1};
   std::uint64_t offset = 0;
   for (auto _ : state) {
-    tg::backend::cpu::dropout_forward<T>(x.data(), strides, y.data(), shape, 1234, offset, 0.1);
+    tg::backend::cpu::dropout_forward<T>(x.data(), strides, y.data(), shape, 1234, offset, nullptr, 0.1);
     offset += static_cast<std::uint64_t>(x.size());
     benchmark::ClobberMemory();
   }
@@ -128,7 +128,7 @@ void BM_DropoutAddForward(benchmark::State& state) {
   std::vector<T> out(x.size());
   std::uint64_t offset = 0;
   for (auto _ : state) {
-    tg::backend::cpu::dropout_add_forward<T>(x.data(), r.data(), out.data(), kTokens * kWidth, 1234, offset, 0.1);
+    tg::backend::cpu::dropout_add_forward<T>(x.data(), r.data(), out.data(), kTokens * kWidth, 1234, offset, nullptr, 0.1);
     offset += static_cast<std::uint64_t>(x.size());
     benchmark::ClobberMemory();
   }

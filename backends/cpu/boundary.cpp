@@ -10,8 +10,8 @@
 namespace tg::backend::cpu {
 
 template <class T>
-void boundary_begin(double* state, T* loss_factor, const BoundaryStart& start) {
-  boundary_begin_values(state, loss_factor, start);
+void boundary_begin(double* state, T* loss_factor, const BoundaryStart* start) {
+  boundary_begin_values(state, loss_factor, *start);
 }
 template <class T>
 void boundary_note_loss(double* state, const T* loss, double n) {

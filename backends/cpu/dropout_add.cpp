@@ -18,7 +18,8 @@ namespace tg::backend::cpu {
 
 template <class T>
 void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
-                         double p) {
+                         const std::uint64_t* base, double p) {
+  if (base) offset += *base;  // Note [the Philox base in memory]
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));

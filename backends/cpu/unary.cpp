@@ -181,8 +181,9 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
 
 template <class T>
 void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed, std::uint64_t offset,
-                     double p) {
+                     const std::uint64_t* base, double p) {
   using A = acc_t<T>;
+  if (base) offset += *base;  // Note [the Philox base in memory]
   const std::int64_t ix = last_stride(sx);
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));

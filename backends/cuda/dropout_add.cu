@@ -22,11 +22,12 @@ namespace {
 
 template <class T>
 void dropout_add_forward(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
-                         double p) {
+                         const std::uint64_t* base, double p) {
   if (n == 0) return;
   const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));  // rounded as dropout_forward rounds it
-  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;  // one thread each
-  dropout_add_kernel<T><<<detail::grid_for(counters), kThreads, 0, detail::stream()>>>(x, r, out, n, seed, offset,
+  // one thread per counter (a base in memory is a word position, a multiple of 4: the same lead)
+  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;
+  dropout_add_kernel<T><<<detail::grid_for(counters), kThreads, 0, detail::stream()>>>(x, r, out, n, seed, offset, base,
                                                                                 static_cast<float>(p), scale);
   TG_CUDA_LAUNCHED();
 }

@@ -12,8 +12,9 @@ __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(
 
 template <class T>
 __global__ void dropout_add_kernel(const T* x, const T* r, T* out, std::int64_t n, std::uint64_t seed,
-                                   std::uint64_t offset, float p, acc_t<T> scale) {
+                                   std::uint64_t offset, const std::uint64_t* base, float p, acc_t<T> scale) {
   using A = acc_t<T>;
+  if (base) offset += *base;  // Note [the Philox base in memory]
   const std::int64_t lead = static_cast<std::int64_t>(offset % 4);  // as dropout_kernel: one thread per Philox counter
   TG_GRID_STRIDE(c, (lead + n + 3) / 4) {
     const auto w = ::tg::detail::philox_words(seed, offset / 4 + static_cast<std::uint64_t>(c));

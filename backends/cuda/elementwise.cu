@@ -75,14 +75,15 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
 
 template <class T>
 void dropout_forward(const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed, std::uint64_t offset,
-                     double p) {
+                     const std::uint64_t* base, double p) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
   // p and the scale rounded exactly as the CPU kernel rounds them
   const auto scale = static_cast<acc_t<T>>(1.0 / (1.0 - p));
-  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;  // one thread each
+  // one thread per counter (a base in memory is a word position, a multiple of 4: the same lead)
+  const std::int64_t counters = (static_cast<std::int64_t>(offset % 4) + n + 3) / 4;
   dropout_kernel<T><<<detail::grid_for(counters), kThreads, 0, detail::stream()>>>(x, y, n, detail::make_geo(shape, sx), seed, offset,
-                                                       static_cast<float>(p), scale);
+                                                       base, static_cast<float>(p), scale);
   TG_CUDA_LAUNCHED();
 }
 

@@ -53,11 +53,13 @@ __global__ void unary_backward_kernel(math::Unary op, const T* saved, const T* d
 
 /// Dropout over n elements whose mask starts at word position `offset` (Note [dropout replays its mask]): one
 /// thread per Philox counter, which decides its four words' elements (the first and the last counter may hold
-/// fewer of them); a grid for (offset % 4 + n + 3) / 4 items covers them once.
+/// fewer of them); a grid for (offset % 4 + n + 3) / 4 items covers them once (any grid does, striding). With
+/// `base` not null the position is offset + *base (Note [the Philox base in memory]).
 template <class T>
 __global__ void dropout_kernel(const T* x, T* y, std::int64_t n, Geo g, std::uint64_t seed, std::uint64_t offset,
-                               float p, acc_t<T> scale) {
+                               const std::uint64_t* base, float p, acc_t<T> scale) {
   using A = acc_t<T>;
+  if (base) offset += *base;
   const std::int64_t lead = static_cast<std::int64_t>(offset % 4);  // the first counter's words before element 0
   TG_GRID_STRIDE(c, (lead + n + 3) / 4) {
     const auto w = ::tg::detail::philox_words(seed, offset / 4 + static_cast<std::uint64_t>(c));

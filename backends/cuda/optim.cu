@@ -177,7 +177,7 @@ struct GradTables {
 }  // namespace
 
 template <class T>
-void boundary_begin(double* state, T* loss_factor, const BoundaryStart& start) {
+void boundary_begin(double* state, T* loss_factor, const BoundaryStart* start) {
   boundary_begin_kernel<<<1, 1, 0, detail::stream()>>>(state, loss_factor, start);
   TG_CUDA_LAUNCHED();
 }

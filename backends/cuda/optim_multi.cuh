@@ -195,8 +195,8 @@ __global__ void lamb_apply_multi_kernel(const LambTensor<float>* tensors, const 
 }
 
 // ---- the step boundary on the device (Note [the step boundary on the device]) ----------------------------
-__global__ void boundary_begin_kernel(double* state, float* loss_factor, BoundaryStart start) {
-  boundary_begin_values(state, loss_factor, start);
+__global__ void boundary_begin_kernel(double* state, float* loss_factor, const BoundaryStart* start) {
+  boundary_begin_values(state, loss_factor, *start);  // the start in memory on the device (Note [graph blockers])
 }
 
 __global__ void boundary_note_loss_kernel(double* state, const float* loss, double n) {

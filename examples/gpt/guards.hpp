@@ -195,6 +195,8 @@ void validate_options(const Options& o) {
   // tg::compile in the trainer (Note [compiled steps in the trainer])
   if (o.no_fuse && !o.compile && !o.plan && o.memory_budget.empty())
     throw tg::Error("--no-fuse turns off the fusion rewrite of --compile (and of --plan, --memory-budget): give it with one of them");
+  if (o.graph_report && (!o.compile || o.device != "cpu"))
+    throw tg::Error("--graph-report watches the CPU backend's kernel launches of a compiled step: give it with --compile and --device cpu");
   if ((o.compile || o.plan || !o.memory_budget.empty()) && o.eval_only)
     throw tg::Error("--compile, --plan and --memory-budget plan a training step: --eval-only trains nothing");
   if (!o.memory_budget.empty() && o.checkpoint_given)

@@ -199,7 +199,7 @@ int train_parallel(Options o, tg::capture::MemoryPlan* probe = nullptr) {
   };
   // --compile: each rank's step captured once and replayed (Note [compiled steps in the trainer]); the
   // collectives run inside it as in the eager step.
-  auto compiled = tg::compile(run_step, tg::CompileOptions{.fuse = !o.no_fuse});
+  auto compiled = tg::compile(run_step, tg::CompileOptions{.fuse = !o.no_fuse, .watch_launches = o.graph_report});
   compiled.set_parameters(params);
   if (probe) {  // --plan, --memory-budget: every rank captures one step (Note [compiled steps in the trainer])
     compiled();
@@ -271,6 +271,7 @@ int train_parallel(Options o, tg::capture::MemoryPlan* probe = nullptr) {
       std::printf("  compile           %lld capture(s), %lld replays, %zu fused chains, %zu fused pairs on rank 0; planned peak %s\n",
                   (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                   tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str());
+    if (o.compile && o.graph_report) std::printf("  rank 0's %s\n", compiled.graph_report().describe().c_str());  // Note [graph blockers]
     if (pipe)
       std::printf("  pipeline          rank 0 waited on its neighbours %.1f%% of the step time (the 1F1B bubble (p-1)/(m+p-1) = %.1f%%)\n",
                   100 * pp_wait / std::max(clock.train_seconds(), 1e-9), 100 * pipe->bubble_fraction());

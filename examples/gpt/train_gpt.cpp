@@ -62,7 +62,7 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     if (s.teacher) return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
     return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
   };
-  auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse});  // Note [compiled steps in the trainer]
+  auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse, .watch_launches = o.graph_report});  // Note [compiled steps in the trainer]
   compiled.set_parameters(s.params);
   if (probe) {
     compiled();
@@ -116,6 +116,12 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
                 (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                 compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
                 tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str(), tg::train::human_bytes(compiled_peak).c_str());
+    if (o.graph_report) {  // Note [graph blockers]: the headline and the first launches it names
+      const std::string report = compiled.graph_report().describe();
+      std::size_t end = 0;
+      for (int line = 0; line < 6 && end != std::string::npos; ++line) end = report.find('\n', end + (line ? 1 : 0));
+      std::printf("  %s%s\n", report.substr(0, end).c_str(), end == std::string::npos ? "" : "\n  ...");
+    }
     std::fflush(stdout);
   }
   return 0;

@@ -562,12 +562,20 @@ void check_dropout() {
                                  std::to_string(s.offset) + " p " + std::to_string(p) + " " + type_name<T>();
         // the CPU op (p = 0 returns x: the backend kernel then, which the op would run)
         std::vector<T> want(static_cast<std::size_t>(n));
-        cpu::dropout_forward<T>(x.data(), x.strides(), want.data(), x.shape(), s.seed, s.offset, p);
+        cpu::dropout_forward<T>(x.data(), x.strides(), want.data(), x.shape(), s.seed, s.offset, nullptr, p);
+        // Note [the Philox base in memory]: the position split into a base in memory (a word position, a
+        // multiple of 4) and the rest: the same mask on both devices
+        const std::uint64_t cell = s.offset / 8 * 4, rel = s.offset - cell;
+        {
+          std::vector<T> got(static_cast<std::size_t>(n));
+          cpu::dropout_forward<T>(x.data(), x.strides(), got.data(), x.shape(), s.seed, rel, &cell, p);
+          expect_equal(got, want, true, what + " (CPU, base in memory)");
+        }
         if (p > 0) {  // the op draws its mask at the word position of its generator's counter (Note [dropout replays its mask])
           tg::Generator gen;
           gen.set_state(s.seed, s.offset);
           std::vector<T> want_op(static_cast<std::size_t>(n));
-          cpu::dropout_forward<T>(x.data(), x.strides(), want_op.data(), x.shape(), s.seed, tg::detail::dropout_position(s.offset), p);
+          cpu::dropout_forward<T>(x.data(), x.strides(), want_op.data(), x.shape(), s.seed, tg::detail::dropout_position(s.offset), nullptr, p);
           expect_equal(values_of(tg::dropout(x, p, gen)), want_op, true, what + " (op vs backend)");
           EXPECT_EQ(gen.offset(), s.offset + tg::detail::dropout_counters(static_cast<std::uint64_t>(n))) << what;
         } else {
@@ -580,9 +588,15 @@ void check_dropout() {
           Buf<T> y(n, 0);
           y.fill(r.fill);
           launch(capped(grid_for(n), r), r.reverse,
-                 [&] { cu::dropout_kernel<T>(x.data(), y.p, n, geo, s.seed, s.offset, static_cast<float>(p), scale); });
+                 [&] { cu::dropout_kernel<T>(x.data(), y.p, n, geo, s.seed, s.offset, nullptr, static_cast<float>(p), scale); });
           expect_equal(y.get(), want, true, what);
           EXPECT_TRUE(y.guards_intact()) << what;
+          Buf<T> yb(n, 0);
+          yb.fill(r.fill);
+          launch(capped(grid_for(n), r), r.reverse,
+                 [&] { cu::dropout_kernel<T>(x.data(), yb.p, n, geo, s.seed, rel, &cell, static_cast<float>(p), scale); });
+          expect_equal(yb.get(), want, true, what + " (base in memory)");
+          EXPECT_TRUE(yb.guards_intact()) << what;
         }
       }
     }
@@ -608,13 +622,19 @@ void check_dropout_add() {
         const std::string what = "dropout_add n=" + std::to_string(n) + " seed " + std::to_string(s.seed) + " offset " +
                                  std::to_string(s.offset) + " p " + std::to_string(p) + " " + type_name<T>();
         std::vector<T> want(static_cast<std::size_t>(n));
-        cpu::dropout_add_forward<T>(x.data(), r.data(), want.data(), n, s.seed, s.offset, p);
+        cpu::dropout_add_forward<T>(x.data(), r.data(), want.data(), n, s.seed, s.offset, nullptr, p);
+        const std::uint64_t cell = s.offset / 8 * 4, rel = s.offset - cell;  // Note [the Philox base in memory]
+        {
+          std::vector<T> got(static_cast<std::size_t>(n));
+          cpu::dropout_add_forward<T>(x.data(), r.data(), got.data(), n, s.seed, rel, &cell, p);
+          expect_equal(got, want, true, what + " (CPU, base in memory)");
+        }
         // the promise: add(x, dropout(r)) bit for bit, and the op runs the backend kernel
         tg::Generator g1, g2;
         g1.set_state(s.seed, s.offset);
         g2.set_state(s.seed, s.offset);
         std::vector<T> want_op(static_cast<std::size_t>(n));  // the op's mask: at its counter's word position
-        cpu::dropout_add_forward<T>(x.data(), r.data(), want_op.data(), n, s.seed, tg::detail::dropout_position(s.offset), p);
+        cpu::dropout_add_forward<T>(x.data(), r.data(), want_op.data(), n, s.seed, tg::detail::dropout_position(s.offset), nullptr, p);
         if (p > 0) expect_equal(values_of(tg::dropout_add(x, r, p, g1)), want_op, true, what + " (op vs backend)");
         expect_equal(values_of(tg::add(x, tg::dropout(r, p, g2))), want_op, true, what + " (add of dropout)");
         const auto scale = static_cast<A>(1.0 / (1.0 - p));
@@ -626,10 +646,17 @@ void check_dropout_add() {
             Buf<T> out(n, shift);
             out.fill(run.fill);
             launch(capped(grid_for(n), run), run.reverse, [&] {
-              cu::dropout_add_kernel<T>(xb.p, rb.p, out.p, n, s.seed, s.offset, static_cast<float>(p), scale);
+              cu::dropout_add_kernel<T>(xb.p, rb.p, out.p, n, s.seed, s.offset, nullptr, static_cast<float>(p), scale);
             });
             expect_equal(out.get(), want, true, what + " shift " + std::to_string(shift));
             EXPECT_TRUE(out.guards_intact() && xb.guards_intact() && rb.guards_intact()) << what;
+            Buf<T> outb(n, shift);
+            outb.fill(run.fill);
+            launch(capped(grid_for(n), run), run.reverse, [&] {
+              cu::dropout_add_kernel<T>(xb.p, rb.p, outb.p, n, s.seed, rel, &cell, static_cast<float>(p), scale);
+            });
+            expect_equal(outb.get(), want, true, what + " shift " + std::to_string(shift) + " (base in memory)");
+            EXPECT_TRUE(outb.guards_intact()) << what;
           }
         }
       }

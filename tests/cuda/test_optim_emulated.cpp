@@ -481,7 +481,7 @@ std::vector<double> decided_state(double lr, i64 step, double beta1, double beta
   b.step = static_cast<double>(step);
   b.bc1 = tg::math::adam_bias_correction(beta1, step + 1);
   b.bc2 = tg::math::adam_bias_correction(beta2, step + 1);
-  cpu::boundary_begin<float>(st.data(), &factor, b);
+  cpu::boundary_begin<float>(st.data(), &factor, &b);
   cpu::boundary_decide<float>(st.data(), be::BoundaryRule{});
   if (skip) st[be::kSkip] = 1;
   return st;
@@ -788,8 +788,8 @@ TEST(OptimEmulated, DeviceBoundaryMatchesTheCpuBoundary) {
     b.bc2 = tg::math::adam_bias_correction(0.95, 7);
     b.scale = c.scale;
     b.inv_n = 1.0 / 3.0;
-    launch(1, 1, [&] { cu::boundary_begin_kernel(emu.data(), &emu_factor, b); });
-    cpu::boundary_begin<float>(ref.data(), &ref_factor, b);
+    launch(1, 1, [&] { cu::boundary_begin_kernel(emu.data(), &emu_factor, &b); });
+    cpu::boundary_begin<float>(ref.data(), &ref_factor, &b);
     ASSERT_TRUE(same_state(emu, ref)) << "begin";
     ASSERT_EQ(emu_factor, ref_factor);
 
@@ -955,7 +955,7 @@ TEST(OptimEmulated, AdafactorMultiReadsTheStepFromTheBoundaryState) {
     b.step = static_cast<double>(t - 1);
     b.bc1 = host.beta2;
     b.bc2 = 1.0 / std::sqrt(static_cast<double>(t));
-    cpu::boundary_begin<float>(st.data(), &factor, b);
+    cpu::boundary_begin<float>(st.data(), &factor, &b);
     cpu::boundary_decide<float>(st.data(), be::BoundaryRule{});
     if (skip) st[be::kSkip] = 1;
     s.boundary = st.data();

@@ -630,8 +630,8 @@ TEST(OpDb_dropout_behaviour, MaskIsTheDefinitionOverBlocksAndTheCarry) {
       for (const std::uint64_t lead : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}}) {
         const std::uint64_t at0 = 4 * start + lead;
         std::vector<float> out(static_cast<std::size_t>(2 * n)), out_add(static_cast<std::size_t>(2 * n));
-        tg::backend::cpu::dropout_forward<float>(x.data(), x.strides(), out.data(), x.shape(), gen.seed(), at0, p);
-        tg::backend::cpu::dropout_add_forward<float>(r.data(), xc.data(), out_add.data(), 2 * n, gen.seed(), at0, p);
+        tg::backend::cpu::dropout_forward<float>(x.data(), x.strides(), out.data(), x.shape(), gen.seed(), at0, nullptr, p);
+        tg::backend::cpu::dropout_add_forward<float>(r.data(), xc.data(), out_add.data(), 2 * n, gen.seed(), at0, nullptr, p);
         for (std::int64_t i = 0; i < 2 * n; ++i) {
           const auto at = static_cast<std::size_t>(i);
           const bool k = keep_by_definition(gen.seed(), at0 + static_cast<std::uint64_t>(i), p);

@@ -295,7 +295,7 @@ TEST(DeviceBoundary, AdafactorResolvesTheHostsScalars) {
           b.lr = lr;
           b.step = static_cast<double>(t - 1);
           std::tie(b.bc1, b.bc2) = tg::optim::adafactor_step_constants(o, t);
-          tg::backend::cpu::boundary_begin<float>(state.data(), &factor, b);
+          tg::backend::cpu::boundary_begin<float>(state.data(), &factor, &b);
           auto dev = tg::optim::adafactor_scalars(o, 123.f, 0.f, 999);  // rho and beta2 are the state's
           dev.boundary = state.data();
           dev.lr_scale = scale;
@@ -339,3 +339,64 @@ TEST(DeviceBoundary, RejectsWhatItCannotDecide) {
 }
 
 }  // namespace
+
+// Note [graph blockers]: a compiled step whose boundary the device decides launches the same kernels with the
+// same arguments on every replay (the lr, the step count, the scale and the Philox base reach its kernels
+// through the step inputs in memory), with every optimizer, in fp16 with a skipped step and in bf16 with
+// clipping; the host boundary's step does not (its reads, its per-step arguments).
+template <class Policy>
+tg::capture::GraphReport graph_report(Scenario::Opt kind, bool device, int steps, int inf_step, std::vector<std::string>* reports = nullptr) {
+  tg::Generator init(3), drop(4);
+  tg::nn::GPT model(small_gpt(0.1f), init);
+  const auto ps = model.named_parameters();
+  const auto owned = optimizer(ps, kind);
+  tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
+  tg::train::StepOptions options;
+  options.clip = 1.0;
+  options.device_boundary = device;
+  tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cpu, tg::optim::GradAccumRuntime> step(ps, *owned, sched, options,
+                                                                                            tg::optim::GradAccumRuntime(3));
+  const tg::Tensor<float> poison = tg::Tensor<float>::ones({});
+  std::int64_t k = 0;
+  auto compiled = tg::compile(
+      [&] {
+        return step.run(model, [&] { return batch(k++); }, drop,
+                        [&](const auto& logits, const tg::data::Batch& b) { return tg::mul(step.precision().loss(logits, b.targets), poison); });
+      },
+      {.verbose = false, .watch_launches = true});
+  compiled.set_parameters(ps);
+  for (int i = 0; i < steps; ++i) {
+    poison.data()[0] = i == inf_step ? std::numeric_limits<float>::infinity() : 1.f;
+    compiled();
+    if (reports && compiled.graph_report().compared) reports->push_back(compiled.graph_report().describe());
+  }
+  return compiled.graph_report();
+}
+
+TEST(DeviceBoundary, CompiledItsLaunchesAreTheSameEveryStep) {
+  for (const auto kind : {Scenario::Opt::adamw, Scenario::Opt::sgd, Scenario::Opt::lamb, Scenario::Opt::adafactor}) {
+    const std::string what = "optimizer " + std::to_string(static_cast<int>(kind));
+    std::vector<std::string> reports;
+    const auto fp16 = graph_report<tg::amp::fp16_mixed>(kind, true, 7, 4, &reports);  // step 4 overflows: skipped on the device
+    EXPECT_GE(reports.size(), 3u) << what << ": each replay after the first compares with the one before";
+    for (const auto& r : reports) EXPECT_NE(r.find(" 0 that a graph could not repeat"), std::string::npos) << what << " fp16: " << r;
+    EXPECT_TRUE(fp16.graph_ready()) << what << " fp16: " << fp16.describe();
+    EXPECT_GT(fp16.launches, 100u) << what;
+    const auto bf16 = graph_report<tg::amp::bf16_mixed>(kind, true, 5, -1);
+    EXPECT_TRUE(bf16.graph_ready()) << what << " bf16: " << bf16.describe();
+  }
+}
+
+TEST(DeviceBoundary, TheHostBoundarysStepIsNotGraphReady) {
+  // The same step with its boundary on the host: its dropouts draw at absolute positions and its boundary reads.
+  const auto r = graph_report<tg::amp::bf16_mixed>(Scenario::Opt::adamw, false, 5, -1);
+  ASSERT_TRUE(r.compared && r.same_sequence) << r.describe();
+  EXPECT_FALSE(r.graph_ready());
+  bool dropout = false, reads = false;
+  for (const auto& b : r.blockers) {
+    if (b.kernel == "dropout_forward" && b.changed == std::vector<int>{5}) dropout = true;  // the offset
+    if (b.returns_value) reads = true;
+  }
+  EXPECT_TRUE(dropout) << r.describe();
+  EXPECT_TRUE(reads) << r.describe();
+}

@@ -115,6 +115,13 @@ diff <(losses lamb.jsonl) <(losses boundary_lamb.jsonl)
 ok adafactor --steps 3 "${C[@]}" --optimizer adafactor --precision fp16 --log adafactor.jsonl
 ok boundary_adafactor --steps 3 "${C[@]}" --optimizer adafactor --precision fp16 --device-boundary --log boundary_adafactor.jsonl
 diff <(losses adafactor.jsonl) <(losses boundary_adafactor.jsonl)
+# --graph-report (Note [graph blockers]): with the boundary on the device a compiled step launches the same kernels
+# with the same arguments every step; with it on the host, its dropouts' offsets change and its boundary reads.
+ok graph --steps 5 "${C[@]}" --precision fp16 --grad-accum 2 --dropout 0.1 --device-boundary --compile --graph-report
+grep -Eq "graph report: [0-9]+ launches per step, 0 that a graph could not repeat" graph.out
+ok graph_host --steps 5 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1 --compile --graph-report
+grep -Eq "graph report: [0-9]+ launches per step, [1-9][0-9]* that a graph could not repeat \(.*dropout_forward" graph_host.out
+fails graph_eager "give it with --compile and --device cpu" --steps 1 --graph-report
 echo "2c. --device-boundary logs the host boundary's losses bit for bit (AdamW, fp16 compiled, LAMB, Adafactor in fp16)"
 
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.

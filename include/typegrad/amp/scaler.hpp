@@ -14,6 +14,7 @@
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cpu/amp_kernels.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::amp {
@@ -60,6 +61,7 @@ bool unscale_grads(const Opt& opt, double scale) {
     const auto g = p.tensor.grad();
     if (!g.defined()) return;
     if constexpr (std::is_same_v<typename std::decay_t<decltype(g)>::device_type, cpu>) {
+      backend::report_launch("unscale_and_check", true, g.data(), g.numel(), inv);  // Note [launch watch]: a read
       found_inf = backend::cpu::unscale_and_check<fp32>(g.data(), g.numel(), inv) || found_inf;
     } else {
       device_grads.push_back(g.data());

@@ -20,6 +20,7 @@
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cpu/amp_kernels.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/ops/padded_rows.hpp"
 #include "typegrad/ops/views.hpp"
 #include "typegrad/optim/optimizer.hpp"
@@ -252,6 +253,7 @@ class WeightCopies {
       if (!c) continue;
       ++last_converted_;
       if constexpr (std::is_same_v<D, cpu>) {
+        backend::report_launch("convert_contiguous", false, e->master.data(), e->copy.data(), e->master.numel());  // Note [launch watch]
         backend::cpu::convert_contiguous<fp32, T>(e->master.data(), e->copy.data(), e->master.numel());
       } else {
         static_assert(std::is_same_v<D, cuda>, "amp::WeightCopies::refresh: no conversion for this device");

@@ -13,6 +13,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -26,6 +27,7 @@
 #include "typegrad/core/error.hpp"
 #include "typegrad/core/tensor.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/optim/param.hpp"
 
 namespace tg {
@@ -128,6 +130,126 @@ class ObserverScope {
   autodiff::OpObserver* previous_;
 };
 
+// Note [graph blockers]
+// What stands between a compiled step and one CUDA graph, measured: with CompileOptions::watch_launches, each
+// replay of a CPU step records its kernel launches (Note [launch watch]: each kernel with one hash per
+// argument) and compares them with the previous replay's. A graph captured from one replay would run the next
+// correctly only if the two launched the same kernels in the same order with the same arguments: a launch
+// whose arguments changed is a blocker (the value must reach the kernel through memory written before the
+// launch, or its node be updated), and so is a kernel that hands the host a value (on a GPU, a read the graph
+// cannot make). CompiledStep::graph_report() lists them, each with the kernel, its position in the step and the
+// arguments that changed. A GPU step launches the same kernels as the CPU step from the same op code (the
+// backends' signatures are one list, Note [kernels declared once]), so the CPU report is the GPU step's,
+// except for what a backend does inside a kernel call: the CUDA launchers upload host data at each launch
+// through recycled staging blocks (the multi-tensor pointer tables, the same every step; the token ids and
+// targets, which train::TrainStep keeps at fixed host addresses under a device boundary; the embedding
+// backward's row order, computed on the host), which a graph would have to own. train::TrainStep with
+// StepOptions::device_boundary has no blocker (tests/train/test_device_boundary.cpp, train_gpt --graph-report).
+
+/// One kernel launch of a replay: the kernel and a hash of each argument (Note [launch watch]).
+struct LaunchRecord {
+  const char* kernel = "";
+  std::vector<std::uint64_t> args;
+  bool returns_value = false;
+};
+
+/// The launches of one call, in order (a LaunchWatcher).
+class LaunchLog final : public backend::LaunchWatcher {
+ public:
+  void on_launch(const backend::Launch& l) override {
+    if (size_ == launches_.size()) launches_.emplace_back();
+    LaunchRecord& r = launches_[size_++];
+    r.kernel = l.kernel;
+    r.args.assign(l.args, l.args + l.arity);
+    r.returns_value = l.returns_value;
+  }
+  void clear() { size_ = 0; }  // keeps the records' memory for the next call
+  std::span<const LaunchRecord> launches() const { return {launches_.data(), size_}; }
+
+ private:
+  std::vector<LaunchRecord> launches_;
+  std::size_t size_ = 0;
+};
+
+/// A launch a graph captured from one replay could not repeat for the next (Note [graph blockers]).
+struct GraphBlocker {
+  std::size_t launch = 0;     ///< its position among the step's launches
+  std::string kernel;
+  std::vector<int> changed;   ///< the arguments (0-based) whose values differ between the two replays
+  bool returns_value = false; ///< the kernel hands the host a value
+  std::string describe() const {
+    std::ostringstream s;
+    s << kernel << " (launch " << launch << ")";
+    if (!changed.empty()) {
+      s << ": argument" << (changed.size() > 1 ? "s " : " ");
+      for (std::size_t i = 0; i < changed.size(); ++i) s << (i ? ", " : "") << changed[i];
+      s << " changed";
+    }
+    if (returns_value) s << (changed.empty() ? ": " : "; ") << "returns a value to the host";
+    return s.str();
+  }
+};
+
+/// Two replays' launches compared (Note [graph blockers]).
+struct GraphReport {
+  bool compared = false;          ///< two replays of the signature were watched
+  bool same_sequence = false;     ///< they launched the same kernels in the same order
+  std::string difference;         ///< else: the first launch that differs
+  std::size_t launches = 0;       ///< launches per step
+  std::vector<GraphBlocker> blockers;
+  /// Whether a graph captured from one replay would repeat the next: the same kernels, arguments and no reads.
+  bool graph_ready() const { return compared && same_sequence && blockers.empty(); }
+  /// The blockers' kernels and how many launches of each: "dropout_forward x12, boundary_begin x1".
+  std::string summary() const {
+    std::vector<std::pair<std::string, int>> count;
+    for (const auto& b : blockers) {
+      auto it = std::find_if(count.begin(), count.end(), [&](const auto& c) { return c.first == b.kernel; });
+      if (it == count.end()) count.emplace_back(b.kernel, 1);
+      else ++it->second;
+    }
+    std::ostringstream s;
+    for (std::size_t i = 0; i < count.size(); ++i) s << (i ? ", " : "") << count[i].first << " x" << count[i].second;
+    return s.str();
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    if (!compared) return "graph report: fewer than two replays watched (CompileOptions::watch_launches)";
+    if (!same_sequence) return "graph report: the replays launched different kernels: " + difference;
+    s << "graph report: " << launches << " launches per step, " << blockers.size() << " that a graph could not repeat";
+    if (!blockers.empty()) s << " (" << summary() << ")";
+    for (const auto& b : blockers) s << "\n  " << b.describe();
+    return s.str();
+  }
+};
+
+/// Compares the launches of two replays of one step (Note [graph blockers]).
+inline GraphReport compare_launches(std::span<const LaunchRecord> before, std::span<const LaunchRecord> after) {
+  GraphReport r;
+  r.compared = true;
+  r.launches = after.size();
+  for (std::size_t i = 0; i < std::max(before.size(), after.size()); ++i) {
+    if (i >= before.size() || i >= after.size() || std::strcmp(before[i].kernel, after[i].kernel) != 0 ||
+        before[i].args.size() != after[i].args.size()) {
+      std::ostringstream s;
+      s << "launch " << i << " is " << (i < after.size() ? after[i].kernel : "(none)") << ", before "
+        << (i < before.size() ? before[i].kernel : "(none)");
+      r.difference = s.str();
+      r.blockers.clear();
+      return r;
+    }
+    GraphBlocker b;
+    for (std::size_t a = 0; a < after[i].args.size(); ++a)
+      if (before[i].args[a] != after[i].args[a]) b.changed.push_back(static_cast<int>(a));
+    b.returns_value = after[i].returns_value;
+    if (b.changed.empty() && !b.returns_value) continue;
+    b.launch = i;
+    b.kernel = after[i].kernel;
+    r.blockers.push_back(std::move(b));
+  }
+  r.same_sequence = true;
+  return r;
+}
+
 // ---- the input signature (Note [compiled steps]) ------------------------------------------------------
 template <class X>
 void signature(std::ostringstream&, const X&) {}  // not part of the signature (generators, callables, models)
@@ -159,6 +281,9 @@ struct CompileOptions {
   std::size_t cache_size = 8;  ///< signatures kept (the least recently used is dropped)
   bool verbose = true;         ///< report new signatures, fused chains and eager fallbacks on stderr
   bool fuse = true;            ///< rewrite chains of elementwise ops into one op each (Note [fusion rewrites])
+  /// Record each replay's CPU kernel launches and compare them with the previous replay's (Note [graph
+  /// blockers]): graph_report(). Costs a hash of each launch's arguments.
+  bool watch_launches = false;
 };
 
 /// A step function captured and replayed (Note [compiled steps]); made by compile(). D: the device whose
@@ -251,6 +376,25 @@ class CompiledStep {
     }
     if (capture) v.memory->begin_trace();
     else v.memory->begin_replay();
+    // Note [graph blockers]: a CPU replay's launches, compared with the previous replay's
+    const bool watching = options_.watch_launches && !capture && std::is_same_v<D, cpu>;
+    if (capture) v.watched = false;  // a new capture plans new addresses
+    std::optional<backend::LaunchWatchScope> watch;
+    if (watching) {
+      v.launches_now.clear();
+      watch.emplace(&v.launches_now);
+    }
+    auto compare = [&] {
+      if (!watching) return;
+      watch.reset();
+      if (!last_replay_.ok) {  // served outside the plan: not a replay to compare
+        v.watched = false;
+        return;
+      }
+      if (v.watched) v.report = capture::compare_launches(v.launches_before.launches(), v.launches_now.launches());
+      std::swap(v.launches_before, v.launches_now);
+      v.watched = true;
+    };
     auto finish = [&](bool threw) {
       if (capture) {
         v.plan = v.memory->end_trace();
@@ -282,6 +426,7 @@ class CompiledStep {
           fn_(std::forward<Args>(args)...);
         }
         finish(false);
+        compare();
         ops.finish();
         after();
       } else {
@@ -292,6 +437,7 @@ class CompiledStep {
           return fn_(std::forward<Args>(args)...);
         }();
         finish(false);
+        compare();
         ops.finish();
         after();
         return r;
@@ -338,6 +484,12 @@ class CompiledStep {
     static const std::vector<capture::FusedPair> none;
     return last_ ? last_->fusion.pairs : none;
   }
+  /// The signature used last's launches in its last two replays compared (Note [graph blockers]; with
+  /// CompileOptions::watch_launches, on the CPU).
+  const capture::GraphReport& graph_report() const {
+    static const capture::GraphReport none{};
+    return last_ ? last_->report : none;
+  }
   /// The ops the signature used last captured.
   const std::vector<capture::OpRecord>& ops() const {
     static const std::vector<capture::OpRecord> none;
@@ -357,6 +509,9 @@ class CompiledStep {
     int device = 0;          // a GPU step's device and stream at its last call (Note [compiled steps]: streams)
     void* stream = nullptr;
     bool has_stream = false;
+    capture::LaunchLog launches_before, launches_now;  // Note [graph blockers]
+    bool watched = false;                              // launches_before holds the last replay's
+    capture::GraphReport report;
   };
   Variant& variant_for(const std::string& sig) {
     for (std::size_t i = 0; i < variants_.size(); ++i)

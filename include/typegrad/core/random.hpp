@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "typegrad/core/device.hpp"
 #include "typegrad/detail/macros.hpp"
 
 namespace tg {
@@ -92,5 +93,63 @@ class Generator {
 
 /// The process-wide default generator (used when no generator is passed).
 Generator& default_generator();
+
+// Note [the Philox base in memory]
+// A dropout kernel finds its mask at a word position of its generator's stream (Note [dropout replays its
+// mask]). Passed as a kernel argument, that position grows from one step to the next, so a step captured as a
+// graph would replay the first step's masks (Note [graph blockers]). A PhiloxBaseScope moves the growing part
+// into memory: while it is open on a thread, a dropout on device kind K drawing from generator g passes its
+// kernel the position relative to b = dropout_position(g.offset()) at the scope's opening, and a pointer to a
+// cell on K that holds b; the kernel draws at *cell + relative (modulo 2^64, as the host would: the same words,
+// bit for bit). A step that draws alike every time passes the same arguments every time; its owner writes the
+// new b into the cell before each step (train::TrainStep with a device boundary: the boundary's step inputs,
+// Note [the step boundary on the device]). Elsewhere the cell is null and the position absolute. The cell must
+// hold b while the step's kernels run, backward and checkpoint recomputes included (they draw at the saved
+// relative position through the same cell).
+namespace detail {
+/// Where a dropout's mask lies: stream `seed`, word position `offset` (+ *base when base is not null).
+struct DropoutDraw {
+  std::uint64_t seed = 0, offset = 0;
+  const std::uint64_t* base = nullptr;
+};
+struct PhiloxBinding {
+  const Generator* gen = nullptr;
+  DeviceKind kind = DeviceKind::cpu;
+  const std::uint64_t* cell = nullptr;
+  std::uint64_t base = 0;
+};
+inline const PhiloxBinding*& philox_binding() {
+  thread_local const PhiloxBinding* b = nullptr;
+  return b;
+}
+/// The draw of a dropout mask of n elements on device D from gen: the generator advanced by its counters.
+template <Device D>
+DropoutDraw dropout_draw(Generator& gen, std::uint64_t n) {
+  const std::uint64_t position = dropout_position(gen.advance(dropout_counters(n)));
+  const PhiloxBinding* b = philox_binding();
+  if (b && b->gen == &gen && b->kind == device_traits<D>::kind) return {gen.seed(), position - b->base, b->cell};
+  return {gen.seed(), position, nullptr};
+}
+}  // namespace detail
+
+/// Draws of `gen` by dropouts on device kind `kind` are relative to a base kept in `cell` (memory on that
+/// device, holding dropout_position(gen.offset()) as of now) while the scope is open on this thread (Note [the
+/// Philox base in memory]). Scopes nest; the innermost one applies.
+class PhiloxBaseScope {
+ public:
+  PhiloxBaseScope(const Generator& gen, DeviceKind kind, const std::uint64_t* cell)
+      : binding_{&gen, kind, cell, detail::dropout_position(gen.offset())}, previous_(detail::philox_binding()) {
+    detail::philox_binding() = &binding_;
+  }
+  ~PhiloxBaseScope() { detail::philox_binding() = previous_; }
+  PhiloxBaseScope(const PhiloxBaseScope&) = delete;
+  PhiloxBaseScope& operator=(const PhiloxBaseScope&) = delete;
+  /// The base the cell must hold: dropout_position(gen.offset()) at the scope's opening.
+  std::uint64_t base() const { return binding_.base; }
+
+ private:
+  detail::PhiloxBinding binding_;
+  const detail::PhiloxBinding* previous_;
+};
 
 }  // namespace tg

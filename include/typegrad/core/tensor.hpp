@@ -78,7 +78,7 @@ class Tensor {
   }
   static Tensor full(const Shape& shape, double value) {
     Tensor t = empty(shape);
-    if constexpr (std::is_same_v<D, cpu>) backend::cpu::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
+    if constexpr (std::is_same_v<D, cpu>) backend::watched::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));  // Note [launch watch]
     else backend::cuda::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
     return t;
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "typegrad/core/error.hpp"
@@ -24,6 +25,8 @@ struct ChainStep {
   ChainStep(math::Unary op, int x) : u(op), a(x) {}
   ChainStep(math::Binary op, int x, int y) : binary(true), b(op), a(x), c(y) {}
   bool operator==(const ChainStep&) const = default;
+  /// Its fields, for the launch watch (Note [launch watch]).
+  auto watch_fields() const { return std::tie(binary, u, b, a, c); }
 };
 
 inline const char* chain_op_name(const ChainStep& s) {

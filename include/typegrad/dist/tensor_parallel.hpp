@@ -239,7 +239,7 @@ Tensor<T, D> sequence_parallel_dropout(const Tensor<T, D>& x, double p, Generato
     for (std::int64_t b = 0; b < rows; ++b) {
       const Tensor<T, D> src = in.narrow(0, b, 1), dst = out.narrow(0, b, 1);
       const std::uint64_t at = s.offset + static_cast<std::uint64_t>((b * s.full_length + s.t0) * inner_);
-      TG_BACKEND(D, dropout_forward<T>(src.data(), src.strides(), dst.data(), src.shape(), s.seed, at, s.p));
+      TG_BACKEND(D, dropout_forward<T>(src.data(), src.strides(), dst.data(), src.shape(), s.seed, at, nullptr, s.p));
     }
     return out;
   };

@@ -23,9 +23,11 @@ namespace tg {
 // is three scalars. p == 0 or training == false returns x itself, records nothing and consumes no
 // counters.
 
-/// What dropout keeps for backward: the Philox stream position of its mask (a word position) and p.
+/// What dropout keeps for backward: the Philox stream position of its mask (a word position; relative to
+/// *base when base is not null, Note [the Philox base in memory]) and p.
 struct DropoutSaved {
   std::uint64_t seed = 0, offset = 0;
+  const std::uint64_t* base = nullptr;
   double p = 0;
 };
 
@@ -36,21 +38,22 @@ Tensor<T, D> dropout(const Tensor<T, D>& x, double p, Generator& gen, bool train
   if (fusion::rewriter()) [[unlikely]]  // a dropout whose residual add runs it (Note [pair rewrites])
     if (auto f = detail::try_defer(fusion::Special::dropout, x.shape(), {&x})) {
       fusion::PairState& s = fusion::rewriter()->pair();
-      s.seed = gen.seed();
-      s.offset = detail::dropout_position(gen.advance(detail::dropout_counters(static_cast<std::uint64_t>(x.numel()))));
+      const detail::DropoutDraw at = detail::dropout_draw<D>(gen, static_cast<std::uint64_t>(x.numel()));
+      s.seed = at.seed;
+      s.offset = at.offset;
+      s.base = at.base;
       s.p = p;
       return *f;
     }
-  const std::uint64_t seed = gen.seed(),
-                      offset = detail::dropout_position(gen.advance(detail::dropout_counters(static_cast<std::uint64_t>(x.numel()))));
+  const detail::DropoutDraw at = detail::dropout_draw<D>(gen, static_cast<std::uint64_t>(x.numel()));
   Tensor<T, D> out = Tensor<T, D>::empty(x.shape());
-  TG_BACKEND(D, dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), seed, offset, p));
-  autodiff::record("dropout", out, DropoutSaved{seed, offset, p},
+  TG_BACKEND(D, dropout_forward<T>(x.data(), x.strides(), out.data(), x.shape(), at.seed, at.offset, at.base, p));
+  autodiff::record("dropout", out, DropoutSaved{at.seed, at.offset, at.base, p},
                    [](DropoutSaved& s, const Tensor<T, D>& dout, auto) {
                      // d/dx (keep · x / (1-p)) = keep / (1-p): the same kernel applied to dout
                      Tensor<T, D> din = Tensor<T, D>::empty(dout.shape());
                      TG_BACKEND(D, dropout_forward<T>(dout.data(), dout.strides(), din.data(), dout.shape(), s.seed,
-                                                      s.offset, s.p));
+                                                      s.offset, s.base, s.p));
                      return std::tuple{din};
                    }, x);
   return out;

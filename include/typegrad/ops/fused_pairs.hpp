@@ -24,7 +24,7 @@ template <FloatingElement T, Device D>
 Tensor<T, D> add_layernorm_into(const Tensor<T, D>& x, const Tensor<T, D>& branch, const Tensor<T, D>& weight,
                                 const Tensor<T, D>& bias, double eps, Tensor<T, D>& h, bool record_add);
 template <FloatingElement T, Device D>
-Tensor<T, D> dropout_add_at(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, std::uint64_t seed, std::uint64_t offset);
+Tensor<T, D> dropout_add_at(const Tensor<T, D>& x, const Tensor<T, D>& branch, double p, const DropoutDraw& at);
 template <FloatingElement T, Device D>
 Tensor<T, D> scale_masked_softmax_at(const Tensor<T, D>& x, const Tensor<T, D>* scale, bool divide,
                                      const Tensor<std::uint8_t, D>* mask, double fill);
@@ -62,7 +62,7 @@ Tensor<T, D> run_fused_pair(fusion::Rewriter& r, const Tensor<T, D>* other) {
     switch (s.kind) {
       case fusion::PairKind::dropout_add:
         TG_CHECK(other, "tg::compile: fusion: dropout_add needs the residual operand");
-        out = dropout_add_at(*other, pair_input<T, D>(s, 0), s.p, s.seed, s.offset);
+        out = dropout_add_at(*other, pair_input<T, D>(s, 0), s.p, DropoutDraw{s.seed, s.offset, s.base});
         break;
       case fusion::PairKind::linear_gelu_tanh:
         out = s.inputs.size() == 3 ? linear_gelu_tanh(pair_input<T, D>(s, 0), pair_input<T, D>(s, 1), pair_input<T, D>(s, 2))

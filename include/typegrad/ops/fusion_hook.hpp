@@ -65,6 +65,7 @@ struct PairState {
   std::vector<std::shared_ptr<const void>> inputs;  ///< typed copies (Tensor<T, D>) of the producer's operands
   std::shared_ptr<Storage> filled;                   ///< add_layernorm: the add's output, written by the consumer
   std::uint64_t seed = 0, offset = 0;                ///< dropout_add: the dropout's Philox position
+  const std::uint64_t* base = nullptr;               ///< (relative to *base when not null: Note [the Philox base in memory])
   double p = 0;                                      ///< and its probability
   int scale_operand = -1;                            ///< scale_masked_softmax: the input that is the scale (-1: none)
   bool divide = false;                               ///< and whether it divides

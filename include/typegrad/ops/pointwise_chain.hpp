@@ -14,6 +14,7 @@
 
 #include "typegrad/detail/chain_program.hpp"
 #include "typegrad/detail/cpu/kernels.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/ops/fusion_hook.hpp"
 #include "typegrad/ops/pointwise.hpp"
 
@@ -182,6 +183,7 @@ Tensor<T, D> pointwise_chain(const pw::ChainProgram& p, const std::vector<Tensor
       ptr[i] = in[i].data();
     }
     Tensor<T, cpu> out = Tensor<T, cpu>::empty(shape);
+    backend::report_launch("pointwise_chain_forward", false, p, ptr, st, out.data(), shape);  // Note [launch watch]: the tables' contents
     backend::cpu::pointwise_chain_forward<T>(p, ptr.data(), st.data(), out.data(), shape);
     auto backward = [p, st, shapes, shape](detail::ChainSaved<T, cpu>& s, const Tensor<T, cpu>& dout, auto need) {
       const Tensor<T, cpu> g = dout.contiguous_raw();
@@ -196,6 +198,7 @@ Tensor<T, D> pointwise_chain(const pw::ChainProgram& p, const std::vector<Tensor
           dx[i] = full[i].data();
         }
       }
+      backend::report_launch("pointwise_chain_backward", false, p, x, st, g.data(), dx, shape);  // Note [launch watch]
       backend::cpu::pointwise_chain_backward<T>(p, x.data(), st.data(), g.data(), dx.data(), shape);
       return detail::pointwise_grads(full, need, shapes);
     };

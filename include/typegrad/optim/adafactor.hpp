@@ -111,7 +111,9 @@ class BasicAdafactor final : public BasicOptimizer<D> {
     const bool on_device = this->boundary() != nullptr;
     Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); },
                        [&](std::span<Update> run) {
-                         auto s = adafactor_scalars(o_, run[0].lr(), run[0].weight_decay(), run[0].step());
+                         // ρ and β̂2 are read from the boundary: the host's stay out (those of lr 0, t 1), so that
+                         // the launch is the same every step (Note [graph blockers])
+                         auto s = adafactor_scalars(o_, on_device ? 0.f : run[0].lr(), run[0].weight_decay(), on_device ? 1 : run[0].step());
                          // Note [the step boundary on the device]: skip, lr (· the scale), β̂2_t and 1/sqrt(t) from the state
                          s.boundary = this->boundary();
                          s.lr_scale = run[0].lr_scale();

@@ -12,6 +12,7 @@
 #include "typegrad/autodiff/tape.hpp"
 #include "typegrad/detail/cpu/optim_kernels.hpp"
 #include "typegrad/detail/cuda/kernels.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/ops/binary.hpp"
 #include "typegrad/ops/reduce.hpp"
 #include "typegrad/ops/views.hpp"
@@ -46,14 +47,20 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank*
     double sq = 0;
     for_each([&](const Param& p) {
       if (cross && cross->sharded_grads() && !cross->counts_in_norm(p.name)) return;
-      if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) sq += backend::cpu::sum_squares<fp32>(g.data(), g.numel());
+      if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) {
+        backend::report_launch("sum_squares", true, g.data(), g.numel());  // Note [launch watch]: a read
+        sq += backend::cpu::sum_squares<fp32>(g.data(), g.numel());
+      }
     });
     const double total = std::sqrt(across_ranks(sq, cross));
     if (!std::isfinite(total)) return total;
     const double coef = max_norm / (total + 1e-6);
     if (coef < 1.0)
       for_each([&](const Param& p) {
-        if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) backend::cpu::scale_inplace<fp32>(g.data(), g.numel(), coef);
+        if (const Tensor<fp32> g = p.tensor.grad(); g.defined()) {
+          backend::report_launch("scale_inplace", false, g.data(), g.numel(), coef);
+          backend::cpu::scale_inplace<fp32>(g.data(), g.numel(), coef);
+        }
       });
     return total;
   }

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,7 +59,12 @@ class DeviceBoundary {
   /// `cross`: the other ranks of a data-parallel run (watched, not owned; it must sum on the device:
   /// CrossRank::sums_on_device), or nullptr for one process.
   explicit DeviceBoundary(backend::BoundaryRule rule, const CrossRank* cross = nullptr)
-      : rule_(rule), cross_(cross), state_(Tensor<fp64, D>::zeros({backend::kBoundarySize})), factor_(Tensor<fp32, D>::ones({})) {
+      : rule_(rule),
+        cross_(cross),
+        state_(Tensor<fp64, D>::zeros({backend::kBoundarySize})),
+        factor_(Tensor<fp32, D>::ones({})),
+        inputs_(Tensor<std::uint8_t, D>::zeros({static_cast<std::int64_t>(sizeof(backend::StepInputs))})) {
+    static_assert(std::is_trivially_copyable_v<backend::StepInputs> && alignof(backend::StepInputs) <= 8);
     TG_CHECK(!rule.clip || (rule.max_norm >= 0 && rule.max_norm == rule.max_norm), "DeviceBoundary: max_norm must be >= 0, got ",
              rule.max_norm);
     TG_CHECK(!cross_ || cross_->sums_on_device(), "DeviceBoundary: this run's ranks decide each step on the host (a model-parallel ",
@@ -65,16 +73,23 @@ class DeviceBoundary {
 
   /// The host's part of a step, before its first forward: the schedule's lr, the optimizer's update count
   /// before the step (uniform_param_step()) and its step constants for the next (device_step_constants), the
-  /// loss scale of the step's backward, micro-batches per step.
-  void begin(double lr, std::int64_t step, std::pair<double, double> step_constants, double scale, std::int64_t micro_batches) {
-    backend::BoundaryStart b;
-    b.lr = lr;
-    b.step = static_cast<double>(step);
-    b.bc1 = step_constants.first;
-    b.bc2 = step_constants.second;
-    b.scale = scale;
-    b.inv_n = 1.0 / static_cast<double>(micro_batches);
-    TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), b));
+  /// loss scale of the step's backward, micro-batches per step, and the Philox base of the step's dropouts
+  /// (PhiloxBaseScope::base() of a scope over philox_cell(); Note [the Philox base in memory]). One upload of
+  /// these step inputs to D, then boundary_begin reads them there: its launch is the same every step (Note
+  /// [graph blockers]). The previous step must have been read (read() waits for its kernels).
+  void begin(double lr, std::int64_t step, std::pair<double, double> step_constants, double scale, std::int64_t micro_batches,
+             std::uint64_t philox_base = 0) {
+    backend::StepInputs in;
+    in.start.lr = lr;
+    in.start.step = static_cast<double>(step);
+    in.start.bc1 = step_constants.first;
+    in.start.bc2 = step_constants.second;
+    in.start.scale = scale;
+    in.start.inv_n = 1.0 / static_cast<double>(micro_batches);
+    in.philox_base = philox_base;
+    if constexpr (std::is_same_v<D, cuda>) backend::cuda::copy_host_to_device(inputs_.data(), &in, sizeof in);  // stream-ordered
+    else std::memcpy(inputs_.data(), &in, sizeof in);
+    TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), start()));
     if (cross_) {  // Note [device-ordered waits]: the step's collectives wait on the host at read()
       cross_->settle();
       cross_->defer_host_waits();
@@ -125,6 +140,10 @@ class DeviceBoundary {
 
   /// The state on D (kBoundarySize fp64 values), for the optimizer's kernel.
   const double* state() const { return state_.data(); }
+  /// The cell on D that holds the Philox base begin() was given (Note [the Philox base in memory]).
+  const std::uint64_t* philox_cell() const {
+    return reinterpret_cast<const std::uint64_t*>(inputs_.data() + offsetof(backend::StepInputs, philox_base));
+  }
 
   /// The step's outcome: one download of the state.
   BoundaryReadout read() const {
@@ -151,6 +170,10 @@ class DeviceBoundary {
   const CrossRank* cross_ = nullptr;
   Tensor<fp64, D> state_;
   Tensor<fp32, D> factor_;
+  Tensor<std::uint8_t, D> inputs_;  // the step inputs (backend::StepInputs), written by begin
+  const backend::BoundaryStart* start() const {
+    return reinterpret_cast<const backend::BoundaryStart*>(inputs_.data() + offsetof(backend::StepInputs, start));
+  }
   std::vector<fp32*> grads_;  // reused: no allocation in the steady state
   std::vector<const fp32*> cgrads_;  // those the norm counts
   std::vector<std::int64_t> sizes_, csizes_;

@@ -88,12 +88,12 @@ class BasicLamb final : public BasicOptimizer<D> {
     place_ratios(ready);
     Base::for_each_run(ready, key, [&](std::span<Update> run) {
       backend::LambScalars s;
-      s.lr = run[0].lr();
+      s.lr = on_device ? 0 : run[0].lr();  // read from the boundary: the launch stays the same (Note [graph blockers])
       s.beta1 = o_.beta1;
       s.beta2 = o_.beta2;
       s.eps = o_.eps;
       s.weight_decay = run[0].weight_decay();
-      s.step = run[0].step();
+      s.step = on_device ? 0 : run[0].step();
       s.boundary = this->boundary();  // Note [the step boundary on the device]: skip, lr (· the scale) and t from the state
       s.lr_scale = run[0].lr_scale();
       tensors_.clear();

@@ -65,7 +65,7 @@ class BasicSgd final : public BasicOptimizer<D> {
     Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step() == 1); },
                        [&](std::span<Update> run) {
                          backend::SgdScalars s;
-                         s.lr = run[0].lr();
+                         s.lr = on_device ? 0 : run[0].lr();  // read from the boundary (Note [graph blockers])
                          s.momentum = o_.momentum;
                          s.dampening = o_.dampening;
                          s.weight_decay = run[0].weight_decay();

@@ -227,11 +227,14 @@ class TrainStep {
     StepSync* const sync = options_.sync;
     const std::int64_t updates =  // ZeRO: the parameters this rank updates (the others have no state here)
         sync ? opt_->uniform_param_step([sync](const std::string& name) { return sync->updates_here(name); }) : opt_->uniform_param_step();
-    boundary_->begin(r.lr, updates, opt_->device_step_constants(updates + 1), r.scale, n);
+    // Note [the Philox base in memory]: the step's dropouts draw relative to a base in the step inputs
+    const PhiloxBaseScope philox(dropout_gen, device_traits<D>::kind, boundary_->philox_cell());
+    boundary_->begin(r.lr, updates, opt_->device_step_constants(updates + 1), r.scale, n, philox.base());
     try {
       bool stepped = false;
       for (std::int64_t m = 0; m < n; ++m) {
-        const auto batch = next_batch();
+        auto batch = next_batch();
+        stage(batch, m);
         const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
         boundary_->note_loss(loss, n);
         if (sync) sync->before_backward(m, n);
@@ -257,10 +260,31 @@ class TrainStep {
       if (options_.after_update) options_.after_update();
     }
     const bool masters_changed = options_.after_update || (sync && sync->changes_weights_after_update());
-    precision_.after_step(accum_, masters_changed ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
+    // The weight copies are refreshed whether or not the device skipped the step (Note [graph blockers]): a
+    // skipped step leaves the masters, which convert to the copies they have (bit for bit), so a taken and a
+    // skipped step launch the same kernels.
+    if constexpr (P::uses_weight_copies) {
+      if (masters_changed) precision_.weights.refresh();
+      else precision_.weights.refresh_unwritten();
+    }
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();
     return r;
+  }
+
+  // Note [graph blockers]: a step decided on the device reads micro-batch m's token ids and targets from buffers
+  // of its own, the same every step, which the host writes from the batch it was given (a graph's prelude: not
+  // watched), so that the step's kernels see the same addresses every step whatever memory the batch came in.
+  template <class Batch>
+  void stage(Batch& batch, std::int64_t m) {
+    const auto at = static_cast<std::size_t>(2 * m);
+    if (staged_.size() < at + 2) staged_.resize(at + 2);
+    const backend::LaunchWatchScope prelude(nullptr);
+    for (auto [t, buffer] : {std::pair{&batch.inputs, &staged_[at]}, std::pair{&batch.targets, &staged_[at + 1]}}) {
+      if (!buffer->defined() || buffer->shape() != t->shape()) *buffer = Tensor<std::int64_t>::empty(t->shape());
+      detail::copy_tensor(*t, *buffer);
+      *t = *buffer;
+    }
   }
 
   // The model seen through the checkpointing policy: forward<T>(...) is model.forward<T, Checkpointing>(...).
@@ -286,6 +310,7 @@ class TrainStep {
   StepOptions options_;
   optim::BasicOptimizer<D>* opt_;
   std::optional<optim::DeviceBoundary<D>> boundary_;  // Note [the step boundary on the device]
+  std::vector<Tensor<std::int64_t>> staged_;           // micro-batch m's ids (2m) and targets (2m + 1) (stage)
 };
 
 }  // namespace tg::train

@@ -34,6 +34,10 @@ template <class S, class T>
 }
 #endif
 }  // namespace tg::backend::cuda
+namespace tg::backend::watched {  // Note [launch watch]
+template <class S, class T>
+inline constexpr ::tg::backend::Watched<&::tg::backend::cpu::copy_strided<S, T>> copy_strided{"copy_strided"};
+}  // namespace tg::backend::watched
 
 namespace tg::backend::cpu {
 /// Counter-based draws: element i uses Philox counter offset + i of `seed` (see core/random.hpp).

@@ -12,6 +12,7 @@
 
 #include "typegrad/config.hpp"
 #include "typegrad/core/device.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 
 // Note [kernels declared once]
 // A kernel is a function template over the element type T, with the same signature on every device:
@@ -77,6 +78,10 @@ namespace tg::backend {
   }
 #endif
 
+#define TG_KERNEL_WATCHED_(RET, NAME, PARAMS, ...) \
+  template <class T>                               \
+  inline constexpr ::tg::backend::Watched<&::tg::backend::cpu::NAME<T>> NAME{#NAME};
+
 /// Declares the kernels of `LIST` (Note [kernels declared once]).
 #define TG_DECLARE_KERNELS(LIST)                 \
   namespace tg::backend {                        \
@@ -84,6 +89,9 @@ namespace tg::backend {
   }                                              \
   namespace tg::backend::cpu {                   \
   LIST(TG_KERNEL_DECLARE_, _)                    \
+  }                                              \
+  namespace tg::backend::watched {               \
+  LIST(TG_KERNEL_WATCHED_, _)                    \
   }                                              \
   namespace tg::backend::cuda {                  \
   LIST(TG_KERNEL_DECLARE_CUDA_, _)               \
@@ -99,9 +107,11 @@ namespace tg::backend {
 // An op calls its kernel as TG_BACKEND(D, kernel<T>(args...)): an `if constexpr` on the device tag that
 // calls backend::cuda::kernel for tg::cuda and backend::cpu::kernel otherwise, as an expression (the
 // kernel's result, if any, is the macro's value). Both backends declare every kernel with one signature
-// (Note [kernels declared once]), so the op's code (checks, shapes, saved values) is shared.
+// (Note [kernels declared once]), so the op's code (checks, shapes, saved values) is shared. The CPU branch
+// calls the kernel through backend::watched::kernel, which reports the launch to a watcher when one is
+// installed (Note [launch watch], launch_watch.hpp) and otherwise just calls it.
 #define TG_BACKEND(D, ...)                                                                  \
   [&]() -> decltype(auto) {                                                                 \
     if constexpr (std::is_same_v<D, ::tg::cuda>) return ::tg::backend::cuda::__VA_ARGS__; \
-    else return ::tg::backend::cpu::__VA_ARGS__;                                            \
+    else return ::tg::backend::watched::__VA_ARGS__;                                        \
   }()

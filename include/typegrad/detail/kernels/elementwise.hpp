@@ -17,7 +17,8 @@
 // dropout_forward: y_i = keep_i ? x_i / (1 - p) : 0, keep_i = uniform(philox(seed, offset + i)[0]) >= p, i the
 //                  row-major index of `shape` (so the mask does not depend on layout); also the backward
 //                  (x = dy, y = dx): the mask is recomputed from (seed, offset), never stored
-//                  (Note [dropout replays its mask]).
+//                  (Note [dropout replays its mask]). With `base` not null the position is offset + *base,
+//                  *base read from memory on the kernel's device (Note [the Philox base in memory]).
 // masked_fill:     y = mask ? value : x; sm are the mask's strides in `shape` (0 on broadcast dims); also the
 //                  backward (x = dy, value = 0).
 #define TG_KERNELS_BINARY(K, ...)                                                                                   \
@@ -30,7 +31,7 @@ TG_DECLARE_KERNELS(TG_KERNELS_BINARY)
   K(void, unary_backward, (math::Unary op, const T* saved, const Shape& ss, const T* dy, const Shape& sdy, T* dx,     \
                            const Shape& shape), __VA_ARGS__)                                                         \
   K(void, dropout_forward, (const T* x, const Shape& sx, T* y, const Shape& shape, std::uint64_t seed,               \
-                            std::uint64_t offset, double p), __VA_ARGS__)                                            \
+                            std::uint64_t offset, const std::uint64_t* base, double p), __VA_ARGS__)                 \
   K(void, masked_fill, (const T* x, const Shape& sx, const std::uint8_t* mask, const Shape& sm, T value, T* y,       \
                         const Shape& shape), __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_UNARY)

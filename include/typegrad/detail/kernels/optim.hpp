@@ -51,7 +51,10 @@ struct AdamScalars {
 //   boundary_begin       the host's part, once per step before its first forward: the schedule's lr, the
 //                        optimizer's update count t-1 and its step constants (Adam's bias corrections of
 //                        t, computed on the host as the host boundary computes them), the loss scale S, and
-//                        the backward's loss factor float(S / n) (n micro-batches); the rest cleared.
+//                        the backward's loss factor float(S / n) (n micro-batches); the rest cleared. It reads
+//                        them from memory on its device (a BoundaryStart, the first part of the step inputs
+//                        that DeviceBoundary::begin uploads), so its arguments are the same every step (Note
+//                        [graph blockers]).
 //   boundary_note_loss   each micro-batch: loss sum += loss / n; the first non-finite loss remembered.
 //   boundary_unscale     g *= float(1 / S) for every gradient; found_inf when any was inf or NaN.
 //   boundary_sum_squares Σ g² in fp64 over the gradients the norm counts.
@@ -93,6 +96,12 @@ struct BoundaryStart {
   double bc1 = 1, bc2 = 1;  // the optimizer's step constants for t (Adam's 1 - β1^t, 1 - β2^t; 1 otherwise)
   double scale = 1;   // the loss scale S
   double inv_n = 1;   // 1 / micro-batches
+};
+/// What the host writes to the step's device before each step decided there: the boundary's start and the
+/// Philox base of the step's dropouts (Note [the Philox base in memory]), one upload.
+struct StepInputs {
+  BoundaryStart start;
+  std::uint64_t philox_base = 0;
 };
 /// What boundary_decide decides by (constant over a run).
 struct BoundaryRule {
@@ -216,7 +225,7 @@ TG_DECLARE_KERNELS(TG_KERNELS_OPTIM_MULTI)
 // The device boundary's kernels (Note [the step boundary on the device]); `state` holds kBoundarySize fp64
 // values on the kernel's device; `grads` and `sizes` are host arrays of `count` contiguous fp32 gradients.
 #define TG_KERNELS_BOUNDARY(K, ...)                                                                                \
-  K(void, boundary_begin, (double* state, T* loss_factor, const BoundaryStart& start), __VA_ARGS__)                \
+  K(void, boundary_begin, (double* state, T* loss_factor, const BoundaryStart* start), __VA_ARGS__)                \
   K(void, boundary_note_loss, (double* state, const T* loss, double n), __VA_ARGS__)                               \
   K(void, boundary_unscale, (T* const* grads, const std::int64_t* sizes, int count, double* state), __VA_ARGS__)   \
   K(void, boundary_sum_squares, (const T* const* grads, const std::int64_t* sizes, int count, double* state),      \
