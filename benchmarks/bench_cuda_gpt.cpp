@@ -11,6 +11,9 @@
 //   bench_cuda_gpt --model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10
 //   bench_cuda_gpt --model gpt2 --precision bf16 --batch 8 --seq 1024 --grad-accum 2 --steps 10
 //   bench_cuda_gpt --model tiny --precision fp32 --steps 20 --peak-tflops 67
+//   bench_cuda_gpt --model tiny --precision fp32 --steps 50 --compile --cuda-graphs   // Note [CUDA graphs of a step]
+// --compile runs the step through tg::compile<cuda> (captured once, replayed from one arena); --cuda-graphs also
+// launches each replay as CUDA graphs.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +23,7 @@
 #include <string>
 
 #include <typegrad/amp/amp.hpp>
+#include <typegrad/compile/compile.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
@@ -32,13 +36,14 @@ struct Args {
   std::string model = "gpt2", precision = "bf16";
   std::int64_t batch = 16, seq = 1024;
   int steps = 10, warmup = 2, grad_accum = 1;
+  bool compile = false, cuda_graphs = false;
   double peak_tflops = 989.0;  // dense bf16 of an H100 / H200 SXM (datasheet)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_cuda_gpt: %s\nusage: bench_cuda_gpt [--model tiny|small|gpt2] [--precision bf16|fp16|fp32] "
-               "[--batch B] [--seq T] [--grad-accum N] [--steps N] [--warmup N] [--peak-tflops X]\n",
+               "[--batch B] [--seq T] [--grad-accum N] [--steps N] [--warmup N] [--peak-tflops X] [--compile [--cuda-graphs]]\n",
                why.c_str());
   std::exit(2);
 }
@@ -72,6 +77,10 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "-h" || k == "--help") usage("GPU training-step benchmark");
+    if (k == "--compile" || k == "--cuda-graphs") {
+      (k == "--compile" ? a.compile : a.cuda_graphs) = true;
+      continue;
+    }
     if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
@@ -92,6 +101,7 @@ Args parse(int argc, char** argv) {
   if (a.precision != "bf16" && a.precision != "fp16" && a.precision != "fp32")
     usage("unknown precision '" + a.precision + "' (expected bf16, fp16 or fp32)");
   (void)config_of(a.model, a.seq);  // the model and --seq
+  if (a.cuda_graphs && !a.compile) usage("--cuda-graphs runs the compiled step's replays as graphs: give it with --compile");
   return a;
 }
 
@@ -125,13 +135,17 @@ int run(const Args& a) {
     }
     return loss;
   };
+  // --compile: the step captured once and replayed (its arena planned); --cuda-graphs: the replays as CUDA graphs
+  auto compiled = tg::compile<tg::cuda>(step, {.verbose = false, .cuda_graphs = a.cuda_graphs});
+  compiled.set_parameters(params);
+  auto run_step = [&](int i) { return a.compile ? compiled(i) : step(i); };
   double first_loss = 0, last_loss = 0;
-  for (int i = 0; i < a.warmup; ++i) first_loss = static_cast<double>(step(i).item());
+  for (int i = 0; i < a.warmup; ++i) first_loss = static_cast<double>(run_step(i).item());
   tg::backend::cuda::synchronize();
   tg::backend::cuda::profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   tg::Tensor<float, tg::cuda> loss;
-  for (int i = 0; i < a.steps; ++i) loss = step(a.warmup + i);
+  for (int i = 0; i < a.steps; ++i) loss = run_step(a.warmup + i);
   tg::backend::cuda::synchronize();
   tg::backend::cuda::profiler_stop();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -141,9 +155,15 @@ int run(const Args& a) {
   const auto stats = tg::allocator<tg::cuda>().stats();
   std::printf("device        %s\n", tg::backend::cuda::device_description().c_str());
   std::printf("model         %s (%.1fM parameters, nn::BasicGPT<cuda>), %s, B=%lld T=%lld, grad-accum %d, "
-              "AdamW (BasicAdamW<cuda>), %d steps after %d warm-up\n",
+              "AdamW (BasicAdamW<cuda>), %d steps after %d warm-up%s\n",
               a.model.c_str(), n_params / 1e6, a.precision.c_str(), static_cast<long long>(a.batch),
-              static_cast<long long>(a.seq), a.grad_accum, a.steps, a.warmup);
+              static_cast<long long>(a.seq), a.grad_accum, a.steps, a.warmup,
+              a.cuda_graphs ? ", compiled, as CUDA graphs" : a.compile ? ", compiled" : "");
+  if (a.cuda_graphs) {
+    const auto g = compiled.graph_stats();
+    std::printf("cuda graphs   %lld steps: %lld launches (%lld nodes), %lld updated, %lld instantiated\n", (long long)g.calls,
+                (long long)g.launches, (long long)g.nodes, (long long)g.updated, (long long)g.instantiated);
+  }
   std::printf("precision     %s: weight copies %.1f MiB (refreshed %lld times), loss scaler %s\n",
               std::string(tg::amp::policy_name<Policy>()).c_str(), static_cast<double>(amp.weights.nbytes()) / (1 << 20),
               static_cast<long long>(amp.weights.refreshes()), decltype(amp.scaler)::kind());

@@ -6,7 +6,8 @@
 # CPU trainer (tests/trainer/train_gpt_cuda.sh; needs CLI11 like every train_gpt build), run the GPU
 # training benchmark (nn::BasicGPT<cuda> + BasicAdamW<cuda> + MixedPrecision: gpt2, bf16, B=16, T=1024) and
 # PyTorch's eager equivalent when torch with CUDA is importable, the fused attention against the composite and
-# PyTorch's SDPA, then while time is left: both frameworks at B=8 with two micro-batches per step, Nsight
+# PyTorch's SDPA, then while time is left: both frameworks at B=8 with two micro-batches per step, the tiny GPT
+# eager, compiled and as CUDA graphs and GPT-2 as CUDA graphs (Note [CUDA graphs of a step]), Nsight
 # Compute's per-kernel times of one typegrad step (benchmarks/ncu_summary.py), and torch.compile'd PyTorch in
 # modes default and reduce-overhead. It prints one table (tokens/s, ms/step, MFU and peak memory of each run)
 # and the ncu summary. Its last line is `ratio typegrad/pytorch_eager X.XX` (tokens/s at BENCH_ARGS).
@@ -292,6 +293,16 @@ if [ "$TORCH_OK" = 1 ]; then
   # shellcheck disable=SC2086
   optional_bench "PyTorch eager, $ACCUM_ARGS" bench_torch_accum 90 0 python3 benchmarks/torch_gpt_cuda.py $ACCUM_ARGS
 fi
+
+# 3b. the compiled step and CUDA graphs (Note [CUDA graphs of a step]): the tiny GPT (launch-bound) eager, compiled
+# and with its replays as graphs, then GPT-2 at BENCH_ARGS as graphs, while time is left
+TINY_ARGS="--model tiny --precision fp32 --batch 4 --seq 64 --steps 50 --warmup 5"
+for v in "" "--compile" "--compile --cuda-graphs"; do
+  # shellcheck disable=SC2086
+  optional_bench "typegrad tiny ${v:-eager}, $TINY_ARGS" "bench_tiny${v// /_}" 90 0 "$BIN/tests/bench_cuda_gpt" $TINY_ARGS $v
+done
+# shellcheck disable=SC2086
+optional_bench "typegrad --compile --cuda-graphs, $BENCH_ARGS" bench_typegrad_graphs 90 0 "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS --compile --cuda-graphs
 
 # 4. where one typegrad step's time goes: Nsight Compute, each kernel of the timed step summed by name
 NCU_SUMMARY="not run"

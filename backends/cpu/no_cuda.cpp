@@ -49,6 +49,15 @@ void Event::record() { no_backend("Event::record"); }
 void Event::wait() const { no_backend("Event::wait"); }
 void Event::synchronize() const { no_backend("Event::synchronize"); }
 float Event::elapsed_ms_since(const Event&) const { no_backend("Event::elapsed_ms_since"); }
+struct StepGraphs::Impl {
+  GraphStats stats;
+};
+StepGraphs::StepGraphs() { no_backend("StepGraphs"); }
+StepGraphs::~StepGraphs() = default;
+void StepGraphs::begin() { no_backend("StepGraphs::begin"); }
+void StepGraphs::end() { no_backend("StepGraphs::end"); }
+void StepGraphs::abandon() noexcept {}
+const GraphStats& StepGraphs::stats() const { return impl_->stats; }
 // ---- copies and the CUDA-only launches ------------------------------------------------------------------
 void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without CUDA already does
   if (allow) no_backend("set_allow_tf32");

@@ -15,6 +15,7 @@
 #include "typegrad/core/error.hpp"
 #include "typegrad/detail/cuda/pointwise.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 
 namespace tg::backend::cuda {
 
@@ -265,6 +266,7 @@ bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs
     const int threads = 256;
     const long long blocks = std::min<long long>((args.n + threads - 1) / threads, 65535LL * 16);
     PointwiseArgs a = args;
+    report_launch(backward ? "pointwise_backward" : "pointwise_forward", false, source, a);  // Note [launch watch]
     void* params[] = {&a};
     const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(backward ? l.bwd : l.fwd),
                                             dim3(static_cast<unsigned>(blocks)), dim3(threads), params, 0,

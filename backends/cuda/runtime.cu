@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "check.cuh"
 #include "vector_map.cuh"
 #include "typegrad/detail/cuda/runtime.hpp"
+#include "typegrad/detail/kernels/launch_watch.hpp"
 
 namespace tg::backend::cuda {
 
@@ -56,6 +58,186 @@ namespace {
 thread_local cudaStream_t t_current_stream = nullptr;
 }  // namespace
 
+// ---- CUDA graphs of a step (Note [CUDA graphs of a step]) --------------------------------------------------
+struct StepGraphs::Impl {
+  /// Pinned host memory for the uploads of one call, handed out in order (the same offsets every call).
+  struct Pool {
+    struct Block {
+      void* host = nullptr;
+      std::size_t bytes = 0;
+    };
+    std::vector<Block> blocks;
+    std::size_t block = 0, used = 0;
+    cudaEvent_t done = nullptr;  // recorded after the graphs of the last call that used this pool
+    bool pending = false;
+  };
+  cudaStream_t stream = nullptr;
+  bool active = false;           // between begin() and end()
+  bool capturing = false;        // a stretch's capture is open on `stream`
+  std::size_t stretch = 0;       // the next stretch's index in this call
+  std::vector<cudaGraphExec_t> execs;  // by stretch, from the last calls
+  Pool pools[2];                 // alternate calls: one call's uploads are written while the last one's graphs run
+  int pool = 0;
+  Impl* previous = nullptr;      // the thread's step under capture before this one (none, normally)
+  GraphStats stats;
+
+  void open() {
+    TG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    capturing = true;
+  }
+  /// Ends the open stretch's capture, updates or instantiates its executable graph and launches it.
+  void close() {
+    capturing = false;
+    cudaGraph_t g = nullptr;
+    const cudaError_t st = cudaStreamEndCapture(stream, &g);
+    if (st != cudaSuccess || g == nullptr) {
+      (void)cudaGetLastError();
+      if (g) (void)cudaGraphDestroy(g);
+      throw Error("CUDA graphs: the capture of stretch ", stretch, " of the step failed (", cudaGetErrorString(st),
+                  "): its work did not run. A call that a capture cannot take ran inside the step (an event query, a "
+                  "synchronization that is not a read, work on another stream); run the step without CUDA graphs "
+                  "(Note [CUDA graphs of a step])");
+    }
+    struct Drop {
+      cudaGraph_t g;
+      ~Drop() { (void)cudaGraphDestroy(g); }
+    } drop{g};
+    std::size_t nodes = 0;
+    TG_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    if (nodes == 0) return;  // two reads in a row: nothing between them
+    const std::size_t k = stretch++;
+    if (execs.size() <= k) execs.resize(k + 1, nullptr);
+    cudaGraphExec_t& e = execs[k];
+    if (e != nullptr) {
+      // the nodes' arguments from the new capture; launches already queued keep the old ones
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(e, g, &info) == cudaSuccess) {
+        ++stats.updated;
+      } else {  // another shape of the stretch: made anew
+        (void)cudaGetLastError();
+        (void)cudaGraphExecDestroy(e);
+        e = nullptr;
+      }
+    }
+    if (e == nullptr) {
+      cudaGraphExec_t made = nullptr;
+      TG_CUDA_CHECK(cudaGraphInstantiate(&made, g, 0));
+      e = made;
+      ++stats.instantiated;
+    }
+    TG_CUDA_CHECK(cudaGraphLaunch(e, stream));
+    ++stats.launches;
+    stats.nodes += static_cast<std::int64_t>(nodes);
+  }
+  /// `bytes` of the current call's pinned memory (aligned to 256 bytes).
+  void* pinned(std::size_t bytes) {
+    Pool& p = pools[pool];
+    const std::size_t need = (bytes + 255) & ~std::size_t{255};
+    while (p.block < p.blocks.size() && p.used + need > p.blocks[p.block].bytes) {
+      ++p.block;
+      p.used = 0;
+    }
+    if (p.block == p.blocks.size()) {
+      Pool::Block b;
+      b.bytes = std::max<std::size_t>(need, std::size_t{1} << 20);
+      TG_CUDA_CHECK(cudaMallocHost(&b.host, b.bytes));
+      p.blocks.push_back(b);
+      p.used = 0;
+    }
+    void* at = static_cast<char*>(p.blocks[p.block].host) + p.used;
+    p.used += need;
+    return at;
+  }
+};
+
+namespace {
+thread_local StepGraphs::Impl* t_graphs = nullptr;  // the calling thread's step under capture
+
+/// A read of the device (a download, a synchronization) inside a step under capture: the open stretch is
+/// captured up to here and launched first, and the next stretch's capture begins after the read (done()).
+/// (Note [CUDA graphs of a step])
+struct ReadPoint {
+  ReadPoint() {
+    if (t_graphs && t_graphs->capturing) t_graphs->close();
+  }
+  void done() {
+    if (t_graphs && t_graphs->active && !t_graphs->capturing) t_graphs->open();
+  }
+};
+}  // namespace
+
+StepGraphs::StepGraphs() : impl_(std::make_unique<Impl>()) {
+  for (auto& p : impl_->pools) TG_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+}
+StepGraphs::~StepGraphs() {
+  Impl& g = *impl_;
+  abandon();
+  for (auto& p : g.pools) {
+    if (p.pending) (void)cudaEventSynchronize(p.done);  // the graphs still reading the blocks
+    for (auto& b : p.blocks) (void)cudaFreeHost(b.host);
+    if (p.done) (void)cudaEventDestroy(p.done);
+  }
+  for (cudaGraphExec_t e : g.execs)
+    if (e) (void)cudaGraphExecDestroy(e);
+}
+void StepGraphs::begin() {
+  Impl& g = *impl_;
+  TG_CHECK(!g.active, "CUDA graphs: begin() while the step's capture is open");
+  TG_CHECK(t_current_stream != nullptr, "CUDA graphs: a step is captured on a Stream (StreamGuard), not on the legacy default stream");
+  g.pool ^= 1;
+  Impl::Pool& p = g.pools[g.pool];
+  if (p.pending) {  // the call before last wrote this pool: its graphs must have read it
+    TG_CUDA_CHECK(cudaEventSynchronize(p.done));
+    p.pending = false;
+  }
+  p.block = 0;
+  p.used = 0;
+  g.stream = t_current_stream;
+  g.stretch = 0;
+  g.open();
+  g.active = true;
+  g.previous = t_graphs;
+  t_graphs = &g;
+}
+void StepGraphs::end() {
+  Impl& g = *impl_;
+  TG_CHECK(g.active, "CUDA graphs: end() without begin()");
+  try {
+    if (g.capturing) g.close();
+  } catch (...) {
+    abandon();  // the state closed; the stretches launched before still guard their pinned blocks
+    throw;
+  }
+  g.active = false;
+  t_graphs = g.previous;
+  Impl::Pool& p = g.pools[g.pool];
+  TG_CUDA_CHECK(cudaEventRecord(p.done, g.stream));
+  p.pending = true;
+  ++g.stats.calls;
+}
+void StepGraphs::abandon() noexcept {
+  Impl& g = *impl_;
+  if (!g.active) return;
+  if (g.capturing) {  // the open stretch's work is dropped
+    cudaGraph_t dropped = nullptr;
+    (void)cudaStreamEndCapture(g.stream, &dropped);
+    if (dropped) (void)cudaGraphDestroy(dropped);
+    (void)cudaGetLastError();
+    g.capturing = false;
+  }
+  g.active = false;
+  t_graphs = g.previous;
+  Impl::Pool& p = g.pools[g.pool];  // the stretches launched before the failure may still read the pool
+  if (cudaEventRecord(p.done, g.stream) == cudaSuccess) {
+    p.pending = true;
+  } else {
+    (void)cudaGetLastError();
+    (void)cudaStreamSynchronize(g.stream);
+  }
+}
+const GraphStats& StepGraphs::stats() const { return impl_->stats; }
+
+
 Stream::Stream() {
   cudaStream_t s = nullptr;
   TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -66,10 +248,18 @@ Stream::~Stream() {
   (void)cudaStreamSynchronize(s);  // errors of the stream's work were reported by the calls that issued it
   (void)cudaStreamDestroy(s);
 }
-void Stream::synchronize() const { TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+void Stream::synchronize() const {
+  ReadPoint read;  // Note [CUDA graphs of a step]
+  TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  read.done();
+}
 
 void* current_stream() { return t_current_stream; }
-void synchronize_stream() { TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream)); }
+void synchronize_stream() {
+  ReadPoint read;  // Note [CUDA graphs of a step]
+  TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
+  read.done();
+}
 
 StreamGuard::StreamGuard(const Stream& s) : previous_(t_current_stream) {
   t_current_stream = static_cast<cudaStream_t>(s.handle());
@@ -86,7 +276,11 @@ void Event::record() { TG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ha
 void Event::wait() const {
   TG_CUDA_CHECK(cudaStreamWaitEvent(t_current_stream, static_cast<cudaEvent_t>(handle_), 0));
 }
-void Event::synchronize() const { TG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+void Event::synchronize() const {
+  ReadPoint read;  // Note [CUDA graphs of a step]
+  TG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+  read.done();
+}
 float Event::elapsed_ms_since(const Event& earlier) const {
   float ms = 0.f;
   TG_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(earlier.handle_), static_cast<cudaEvent_t>(handle_)));
@@ -156,9 +350,21 @@ StagingBlock* staging_block(std::size_t bytes) {
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  if (StepGraphs::Impl* g = t_graphs; g && g->capturing && g->stream == t_current_stream) {
+    // Note [CUDA graphs of a step]: a copy node reading the step's own pinned block, written now
+    void* block = g->pinned(bytes);
+    report_launch("copy_host_to_device", false, dst, static_cast<const void*>(block), bytes);  // Note [launch watch]
+    std::memcpy(block, src, bytes);
+    TG_CUDA_CHECK(cudaMemcpyAsync(dst, block, bytes, cudaMemcpyHostToDevice, t_current_stream));
+    ++g->stats.uploads;
+    g->stats.upload_bytes += static_cast<std::int64_t>(bytes);
+    return;
+  }
   if (bytes <= kStagedMax) {  // Note [asynchronous uploads]
     const std::lock_guard<std::mutex> lock(g_staging_mutex);
     if (StagingBlock* b = staging_block(bytes)) {
+      // Note [launch watch]: a graph's copy node would read the staging block, whose address it bakes in
+      report_launch("copy_host_to_device", false, dst, static_cast<const void*>(b->host), bytes);
       std::memcpy(b->host, src, bytes);
       TG_CUDA_CHECK(cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, t_current_stream));
       if (const cudaError_t st = cudaEventRecord(b->done, t_current_stream); st != cudaSuccess) {
@@ -171,7 +377,9 @@ void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
       return;
     }
   }
-  // The host buffer may be freed as soon as this returns, so the copy is complete before it does.
+  // The host buffer may be freed as soon as this returns, so the copy is complete before it does: a wait on the
+  // host, which a graph cannot make (reported as a read, Note [launch watch]).
+  report_launch("copy_host_to_device_waited", true, dst, src, bytes);
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, t_current_stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
 }
@@ -181,13 +389,21 @@ std::atomic<std::int64_t> g_host_reads{0};
 std::int64_t device_to_host_reads() { return g_host_reads.load(); }
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes) {
   g_host_reads.fetch_add(1, std::memory_order_relaxed);
+  report_launch("copy_device_to_host", true, dst, src, bytes);  // Note [launch watch]: a read
+  ReadPoint read;  // Note [CUDA graphs of a step]
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, t_current_stream));
   TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
+  read.done();
 }
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes) {  // stream-ordered
+  report_launch("copy_device_to_device", false, dst, src, bytes);  // Note [launch watch]
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, t_current_stream));
 }
-void synchronize() { TG_CUDA_CHECK(cudaDeviceSynchronize()); }
+void synchronize() {
+  ReadPoint read;  // Note [CUDA graphs of a step]
+  TG_CUDA_CHECK(cudaDeviceSynchronize());
+  read.done();
+}
 void profiler_start() { TG_CUDA_CHECK(cudaProfilerStart()); }
 void profiler_stop() { TG_CUDA_CHECK(cudaProfilerStop()); }
 

@@ -195,8 +195,13 @@ void validate_options(const Options& o) {
   // tg::compile in the trainer (Note [compiled steps in the trainer])
   if (o.no_fuse && !o.compile && !o.plan && o.memory_budget.empty())
     throw tg::Error("--no-fuse turns off the fusion rewrite of --compile (and of --plan, --memory-budget): give it with one of them");
-  if (o.graph_report && (!o.compile || o.device != "cpu"))
-    throw tg::Error("--graph-report watches the CPU backend's kernel launches of a compiled step: give it with --compile and --device cpu");
+  if (o.graph_report && !o.compile)
+    throw tg::Error("--graph-report watches the kernel launches of a compiled step: give it with --compile");
+  if (o.cuda_graphs && (!o.compile || o.device != "cuda"))
+    throw tg::Error("--cuda-graphs runs a compiled GPU step as CUDA graphs: give it with --compile and --device cuda");
+  if (o.cuda_graphs && (!o.dist.empty() || o.grid))
+    throw tg::Error("--cuda-graphs captures a step on one stream; --dist, --tp and --pp communicate on streams of their own, which ",
+                    "the capture would not order: give it without them");
   if ((o.compile || o.plan || !o.memory_budget.empty()) && o.eval_only)
     throw tg::Error("--compile, --plan and --memory-budget plan a training step: --eval-only trains nothing");
   if (!o.memory_budget.empty() && o.checkpoint_given)

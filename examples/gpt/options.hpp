@@ -82,7 +82,8 @@ struct Options {
   bool no_fuse = false;              // --compile without the fusion rewrite (Note [fusion rewrites])
   bool device_boundary = false;      // decide the step boundary on the device (Note [the step boundary on the device])
   bool plan = false;                 // print the step's memory plan (and --memory-budget's choice) and exit
-  bool graph_report = false;         // --compile on the CPU: report what a CUDA graph of the step could not repeat
+  bool graph_report = false;         // --compile: report what a CUDA graph of the step could not repeat
+  bool cuda_graphs = false;          // --compile --device cuda: the replays run as CUDA graphs (Note [CUDA graphs of a step])
   std::string memory_budget;         // --memory-budget as given ("" : none)
   std::int64_t memory_budget_bytes = 0;
   bool checkpoint_given = false;     // --checkpoint was on the command line
@@ -192,9 +193,12 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
                "step's losses, overflow flag and norm are read once, after it (the same results; every --optimizer; with --dist "
                "the ranks sum them on the device)");
   app.add_flag("--graph-report", o.graph_report,
-               "with --compile on the CPU: compare each replayed step's kernel launches with the last one's and report, at the "
+               "with --compile: compare each replayed step's kernel launches with the last one's and report, at the "
                "end, the launches whose arguments changed or that read a value back: what one CUDA graph of the step could not "
                "repeat (none with --device-boundary)");
+  app.add_flag("--cuda-graphs", o.cuda_graphs,
+               "with --compile --device cuda: capture each replayed step's kernels as CUDA graphs, one per stretch between the "
+               "host's reads (one with --device-boundary in fp32), and launch those instead of each kernel (the same results)");
   app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "
                                  "--memory-budget choice, then exit (one step is run to capture it; nothing is written)");
   app.add_option("--memory-budget", o.memory_budget, "the most memory a step may use, bytes (or with K, M, G, KiB, MiB, GiB): chooses the "

@@ -62,7 +62,8 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     if (s.teacher) return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen, distill_loss);
     return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
   };
-  auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse, .watch_launches = o.graph_report});  // Note [compiled steps in the trainer]
+  auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse, .watch_launches = o.graph_report,  // Note [compiled steps in the trainer]
+                                                              .cuda_graphs = o.cuda_graphs});
   compiled.set_parameters(s.params);
   if (probe) {
     compiled();
@@ -116,6 +117,13 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
                 (long long)compiled.captures(), (long long)compiled.replays(), compiled.fused_chains().size(), compiled.fused_pairs().size(),
                 compiled.eager() ? " (then eager: the step's allocations kept leaving the plan)" : "",
                 tg::train::human_bytes(compiled.memory_plan().peak_bytes()).c_str(), tg::train::human_bytes(compiled_peak).c_str());
+    if (o.cuda_graphs) {  // Note [CUDA graphs of a step]
+      const auto g = compiled.graph_stats();
+      std::printf("  cuda graphs       %lld steps as graphs: %lld graph launches (%lld nodes), %lld updated in place, %lld instantiated, "
+                  "%lld uploads from their pinned blocks\n",
+                  (long long)g.calls, (long long)g.launches, (long long)g.nodes, (long long)g.updated, (long long)g.instantiated,
+                  (long long)g.uploads);
+    }
     if (o.graph_report) {  // Note [graph blockers]: the headline and the first launches it names
       const std::string report = compiled.graph_report().describe();
       std::size_t end = 0;

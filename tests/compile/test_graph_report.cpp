@@ -75,6 +75,35 @@ TEST(LaunchWatch, SeesBackendLaunchesOnlyWhileInstalled) {
   EXPECT_STREQ(l[1].kernel, "fill");
 }
 
+// TG_BACKEND's CUDA branch goes through the watch too: the launch is reported before the kernel runs, so this
+// shows it with or without a GPU (and in a build without the CUDA backend, whose kernels throw when called).
+TEST(LaunchWatch, SeesTheCudaBranchOfTgBackend) {
+  tg::capture::LaunchLog log;
+  {
+    be::LaunchWatchScope scope(&log);
+    try {
+      TG_BACKEND(tg::cuda, fill<float>(nullptr, 0, 2.5f));  // no element: a CUDA build returns at once
+    } catch (const tg::Error&) {                           // no CUDA backend in this build
+    }
+  }
+  const auto l = log.launches();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_STREQ(l[0].kernel, "fill");
+  ASSERT_EQ(l[0].args.size(), 3u);
+  EXPECT_EQ(l[0].args[2], be::watch::hash(be::watch::kSeed, 2.5f)) << "the value's hash";
+  EXPECT_FALSE(l[0].returns_value);
+}
+
+// Note [CUDA graphs of a step]: graphs are a GPU step's; asking for them on a CPU step is an error at once.
+TEST(CudaGraphsOption, IsRefusedForACpuStep) {
+  try {
+    auto c = tg::compile([] { return 1; }, {.cuda_graphs = true});
+    FAIL() << "a CPU step with cuda_graphs was accepted";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compile<tg::cuda>"), std::string::npos) << e.what();
+  }
+}
+
 // A compiled dropout: with absolute positions its offset changes every call; under a PhiloxBaseScope whose cell
 // holds the base, its arguments stay the same and its masks are still fresh, bit for bit the absolute ones.
 TEST(GraphReport, NamesTheDropoutOffsetAndThePhiloxBaseRemovesIt) {

@@ -41,6 +41,7 @@ struct Scenario {
   double clip = 1.0;   // 0: no clipping
   tg::optim::OnNonFinite on_non_finite = tg::optim::OnNonFinite::apply;
   bool compiled = false;
+  bool watch_launches = false;  // compiled: each replay's launches compared with the last's (Note [graph blockers])
   enum class Opt { adamw, sgd, lamb, adafactor } opt = Opt::adamw;  // SGD: with Nesterov momentum
 };
 
@@ -58,6 +59,8 @@ struct Outcome {
   std::int64_t decided_on_device = 0;  // steps whose boundary the device decided
   std::int64_t captures = 0, replays = 0;
   std::vector<double> trust_ratios;  // LAMB's, by parameter
+  std::vector<std::string> graph_reports;  // watch_launches: each comparison of a replay with the one before
+  tg::capture::GraphReport graph;          // the last of them
 };
 
 /// AdamW, SGD with momentum, LAMB or Adafactor (Scenario::opt), over the default groups (two weight decays) with lr scales
@@ -99,7 +102,7 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
       return tg::add(tg::mul(step.precision().loss(logits, b.targets), poison), bad);
     });
   };
-  auto compiled = tg::compile(one_step);
+  auto compiled = tg::compile(one_step, {.watch_launches = s.watch_launches});
   compiled.set_parameters(ps);
   Outcome out;
   for (int i = 0; i < s.steps; ++i) {
@@ -114,6 +117,7 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
       out.scales.push_back(r.scale);
       out.lrs.push_back(r.lr);
       out.skipped.push_back(r.skipped);
+      if (compiled.graph_report().compared) out.graph_reports.push_back(compiled.graph_report().describe());
     } catch (const tg::optim::NonFiniteStep& e) {
       ++out.thrown;
       out.errors.push_back(e.what());
@@ -135,6 +139,7 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
   out.decided_on_device = step.steps_decided_on_device();
   out.captures = compiled.captures();
   out.replays = compiled.replays();
+  out.graph = compiled.graph_report();
   if (const auto* lamb = dynamic_cast<const tg::optim::Lamb*>(&opt))
     for (const auto& p : ps) out.trust_ratios.push_back(lamb->last_trust_ratio(p.name));
   return out;
@@ -346,31 +351,9 @@ TEST(DeviceBoundary, RejectsWhatItCannotDecide) {
 // clipping; the host boundary's step does not (its reads, its per-step arguments).
 template <class Policy>
 tg::capture::GraphReport graph_report(Scenario::Opt kind, bool device, int steps, int inf_step, std::vector<std::string>* reports = nullptr) {
-  tg::Generator init(3), drop(4);
-  tg::nn::GPT model(small_gpt(0.1f), init);
-  const auto ps = model.named_parameters();
-  const auto owned = optimizer(ps, kind);
-  tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
-  tg::train::StepOptions options;
-  options.clip = 1.0;
-  options.device_boundary = device;
-  tg::train::TrainStep<Policy, tg::NoCheckpoint, tg::cpu, tg::optim::GradAccumRuntime> step(ps, *owned, sched, options,
-                                                                                            tg::optim::GradAccumRuntime(3));
-  const tg::Tensor<float> poison = tg::Tensor<float>::ones({});
-  std::int64_t k = 0;
-  auto compiled = tg::compile(
-      [&] {
-        return step.run(model, [&] { return batch(k++); }, drop,
-                        [&](const auto& logits, const tg::data::Batch& b) { return tg::mul(step.precision().loss(logits, b.targets), poison); });
-      },
-      {.verbose = false, .watch_launches = true});
-  compiled.set_parameters(ps);
-  for (int i = 0; i < steps; ++i) {
-    poison.data()[0] = i == inf_step ? std::numeric_limits<float>::infinity() : 1.f;
-    compiled();
-    if (reports && compiled.graph_report().compared) reports->push_back(compiled.graph_report().describe());
-  }
-  return compiled.graph_report();
+  const Outcome o = train<Policy>({.steps = steps, .inf_step = inf_step, .compiled = true, .watch_launches = true, .opt = kind}, device);
+  if (reports) *reports = o.graph_reports;
+  return o.graph;
 }
 
 TEST(DeviceBoundary, CompiledItsLaunchesAreTheSameEveryStep) {

@@ -8,7 +8,10 @@
 #  4. --optimizer sgd, lamb and adafactor on the GPU log the CPU's losses within tolerance, and a LAMB run
 #     checkpointed on the GPU resumes on the CPU (and an Adafactor one the other way) with the same losses;
 #  5. --device-boundary (bf16, fp16, SGD) logs the host boundary's losses on the GPU;
-#  6. --dist zero2 --device-boundary at world size 1 (NCCL, DataParallel<cuda>) logs part 1's bf16 losses.
+#  6. --dist zero2 --device-boundary at world size 1 (NCCL, DataParallel<cuda>) logs part 1's bf16 losses;
+#  7. --compile --device-boundary --graph-report on the GPU logs part 5's losses and prints its graph report;
+#  8. --cuda-graphs (the compiled step's replays as CUDA graphs) logs part 7's losses bit for bit, with the
+#     boundary on the device and on the host.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -115,3 +118,26 @@ grep -q "data parallel: zero2 over 1 ranks (nccl)" gpu_zero2_bf16.out
 losses gpu_zero2_bf16.jsonl > gpu_zero2_bf16.txt
 close gpu_bf16.txt gpu_zero2_bf16.txt 0 0
 echo "6. --dist zero2 --device-boundary on one GPU (NCCL, world size 1) logs the one-process losses"
+
+# --graph-report on the GPU (Note [graph blockers]): the CUDA launches and the uploads through staging blocks
+# watched (Note [launch watch]); what a CUDA graph of the compiled step could not repeat is printed (the uploads'
+# staging blocks are expected there until a graph owns its own). The losses are part 5's within bf16's tolerance
+# (the compiled step runs fused pairs, e.g. the GELU in the GEMM's epilogue).
+"$T" "${C[@]}" --precision bf16 --device cuda --device-boundary --compile --graph-report --log gpu_graph_bf16.jsonl > gpu_graph_bf16.out
+grep -E "graph report: [0-9]+ launches per step" -A5 gpu_graph_bf16.out
+losses gpu_graph_bf16.jsonl > gpu_graph_bf16.txt
+close gpu_boundary_bf16.txt gpu_graph_bf16.txt 1e-2 3e-2
+echo "7. --compile --graph-report on the GPU reports the step's launches and logs the same losses"
+
+# --cuda-graphs (Note [CUDA graphs of a step]): the replays captured and launched as graphs run the same kernels.
+"$T" "${C[@]}" --precision bf16 --device cuda --device-boundary --compile --cuda-graphs --log gpu_cgraph_bf16.jsonl > gpu_cgraph_bf16.out
+grep -E "cuda graphs +[1-9][0-9]* steps as graphs" gpu_cgraph_bf16.out
+losses gpu_cgraph_bf16.jsonl > gpu_cgraph_bf16.txt
+close gpu_graph_bf16.txt gpu_cgraph_bf16.txt 0 0
+"$T" "${C[@]}" --precision bf16 --device cuda --compile --log gpu_compiled_host_bf16.jsonl > gpu_compiled_host_bf16.out
+"$T" "${C[@]}" --precision bf16 --device cuda --compile --cuda-graphs --log gpu_cgraph_host_bf16.jsonl > gpu_cgraph_host_bf16.out
+grep -E "cuda graphs +[1-9][0-9]* steps as graphs" gpu_cgraph_host_bf16.out
+losses gpu_compiled_host_bf16.jsonl > gpu_compiled_host_bf16.txt
+losses gpu_cgraph_host_bf16.jsonl > gpu_cgraph_host_bf16.txt
+close gpu_compiled_host_bf16.txt gpu_cgraph_host_bf16.txt 0 0
+echo "8. --cuda-graphs logs the compiled step's losses bit for bit (boundary on the device and on the host)"

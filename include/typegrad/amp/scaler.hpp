@@ -68,9 +68,11 @@ bool unscale_grads(const Opt& opt, double scale) {
       device_sizes.push_back(g.numel());
     }
   });
-  if (!device_grads.empty())
+  if (!device_grads.empty()) {
+    backend::report_launch("unscale_and_check_multi", true, device_grads, device_sizes, inv);  // Note [launch watch]: a read
     found_inf = backend::cuda::unscale_and_check(device_grads.data(), device_sizes.data(),
                                                  static_cast<int>(device_grads.size()), inv) || found_inf;
+  }
   return found_inf;
 }
 inline void check_scale(double s, const char* who) {

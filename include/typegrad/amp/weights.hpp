@@ -257,8 +257,8 @@ class WeightCopies {
         backend::cpu::convert_contiguous<fp32, T>(e->master.data(), e->copy.data(), e->master.numel());
       } else {
         static_assert(std::is_same_v<D, cuda>, "amp::WeightCopies::refresh: no conversion for this device");
-        backend::cuda::copy_strided<fp32, T>(e->master.data(), e->master.strides(), e->copy.data(),
-                                             e->copy.strides(), e->master.shape());
+        backend::watched_cuda::copy_strided<fp32, T>(e->master.data(), e->master.strides(), e->copy.data(),
+                                                     e->copy.strides(), e->master.shape());
       }
     }
     ++state_->refreshes;

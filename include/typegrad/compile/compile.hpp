@@ -53,7 +53,8 @@ namespace tg {
 // With CompileOptions{.fuse = false}, a replay runs the same kernels in the same order as the eager step, so its
 // results are the eager step's bit for bit. By default the capture also looks for chains of unfused elementwise
 // ops and the next calls run each as one op (Note [fusion rewrites], compile/fusion.hpp): a signature with chains
-// is captured twice (found, then fused) before it replays. CUDA graphs are not done yet (docs/compile.md).
+// is captured twice (found, then fused) before it replays. A GPU step with CompileOptions{.cuda_graphs = true}
+// runs its replays as CUDA graphs (Note [CUDA graphs of a step], detail/cuda/runtime.hpp).
 // Streams (a GPU step): a replay hands out the same arena addresses on every call, which the stream's issue order
 // makes safe from one call to the next. A call on another stream or device than the variant's last (a
 // StreamGuard, set_device) first waits for the last call's device (its kernels may still read the arena on the
@@ -132,8 +133,8 @@ class ObserverScope {
 
 // Note [graph blockers]
 // What stands between a compiled step and one CUDA graph, measured: with CompileOptions::watch_launches, each
-// replay of a CPU step records its kernel launches (Note [launch watch]: each kernel with one hash per
-// argument) and compares them with the previous replay's. A graph captured from one replay would run the next
+// replay of a step records its kernel launches (Note [launch watch]: each kernel with one hash per argument; on
+// either device) and compares them with the previous replay's. A graph captured from one replay would run the next
 // correctly only if the two launched the same kernels in the same order with the same arguments: a launch
 // whose arguments changed is a blocker (the value must reach the kernel through memory written before the
 // launch, or its node be updated), and so is a kernel that hands the host a value (on a GPU, a read the graph
@@ -143,8 +144,12 @@ class ObserverScope {
 // except for what a backend does inside a kernel call: the CUDA launchers upload host data at each launch
 // through recycled staging blocks (the multi-tensor pointer tables, the same every step; the token ids and
 // targets, which train::TrainStep keeps at fixed host addresses under a device boundary; the embedding
-// backward's row order, computed on the host), which a graph would have to own. train::TrainStep with
-// StepOptions::device_boundary has no blocker (tests/train/test_device_boundary.cpp, train_gpt --graph-report).
+// backward's row order, computed on the host), which a graph would have to own. A GPU step's report shows them:
+// the CUDA runtime reports each upload with the staging block it reads (a graph's copy node bakes its address in),
+// an upload that waits for its copy and every download as reads. The step inputs a device boundary uploads at
+// its start and the one read at its end are a graph's prelude and epilogue, not watched. train::TrainStep with
+// StepOptions::device_boundary has no blocker on the CPU (tests/train/test_device_boundary.cpp, train_gpt
+// --graph-report).
 
 /// One kernel launch of a replay: the kernel and a hash of each argument (Note [launch watch]).
 struct LaunchRecord {
@@ -281,10 +286,57 @@ struct CompileOptions {
   std::size_t cache_size = 8;  ///< signatures kept (the least recently used is dropped)
   bool verbose = true;         ///< report new signatures, fused chains and eager fallbacks on stderr
   bool fuse = true;            ///< rewrite chains of elementwise ops into one op each (Note [fusion rewrites])
-  /// Record each replay's CPU kernel launches and compare them with the previous replay's (Note [graph
+  /// Record each replay's kernel launches and compare them with the previous replay's (Note [graph
   /// blockers]): graph_report(). Costs a hash of each launch's arguments.
   bool watch_launches = false;
+  /// A GPU step (compile<tg::cuda>): every call runs on a stream of the signature's own, joined to the caller's
+  /// stream at both ends, and each replay's work is captured and launched as CUDA graphs, one per stretch
+  /// between host reads (Note [CUDA graphs of a step]). Not for a step that runs work on other streams (a
+  /// data-parallel run's communication).
+  bool cuda_graphs = false;
 };
+
+namespace capture {
+/// One call of a GPU step with CompileOptions::cuda_graphs: on the signature's own stream, after the caller's
+/// stream's work so far and before its later work, captured as graphs when `graphs` is given (a replay; Note
+/// [CUDA graphs of a step]).
+class OwnStreamCall {
+ public:
+  OwnStreamCall(backend::cuda::Stream& own, backend::cuda::Event& in, backend::cuda::Event& out, backend::cuda::StepGraphs* graphs)
+      : out_(&out) {
+    in.record();  // on the caller's stream
+    on_.emplace(own);
+    in.wait();  // before the capture begins: a capture cannot wait on an event recorded outside it
+    if (graphs) {
+      graphs->begin();
+      graphs_ = graphs;
+    }
+  }
+  /// After the step returned: its last stretch launched.
+  void finish() {
+    backend::cuda::StepGraphs* g = graphs_;
+    graphs_ = nullptr;
+    if (g) g->end();
+  }
+  ~OwnStreamCall() {
+    if (graphs_) graphs_->abandon();  // the step threw: its open stretch is dropped
+    try {
+      out_->record();  // on the own stream
+      on_.reset();
+      out_->wait();  // the caller's later work after the step's
+    } catch (...) {  // a broken CUDA context: the call that broke it reported the error
+      on_.reset();
+    }
+  }
+  OwnStreamCall(const OwnStreamCall&) = delete;
+  OwnStreamCall& operator=(const OwnStreamCall&) = delete;
+
+ private:
+  backend::cuda::Event* out_;
+  std::optional<backend::cuda::StreamGuard> on_;
+  backend::cuda::StepGraphs* graphs_ = nullptr;
+};
+}  // namespace capture
 
 /// A step function captured and replayed (Note [compiled steps]); made by compile(). D: the device whose
 /// allocations are planned.
@@ -293,9 +345,12 @@ class CompiledStep {
  public:
   static constexpr int kMaxRetraces = 3;
 
-  explicit CompiledStep(Fn fn, CompileOptions options = {}) : fn_(std::move(fn)), options_(options) {}
+  explicit CompiledStep(Fn fn, CompileOptions options = {}) : fn_(std::move(fn)), options_(options) {
+    TG_CHECK(!options_.cuda_graphs || (std::is_same_v<D, cuda>),
+             "tg::compile: cuda_graphs is for a GPU step (compile<tg::cuda>(...)); a CPU step has no CUDA graphs");
+  }
   ~CompiledStep() {
-    for (auto& v : variants_) v->memory->retire();
+    for (auto& v : variants_) release(*v);
   }
   CompiledStep(const CompiledStep&) = delete;
   CompiledStep& operator=(const CompiledStep&) = delete;
@@ -376,8 +431,8 @@ class CompiledStep {
     }
     if (capture) v.memory->begin_trace();
     else v.memory->begin_replay();
-    // Note [graph blockers]: a CPU replay's launches, compared with the previous replay's
-    const bool watching = options_.watch_launches && !capture && std::is_same_v<D, cpu>;
+    // Note [graph blockers]: a replay's launches, compared with the previous replay's
+    const bool watching = options_.watch_launches && !capture;
     if (capture) v.watched = false;  // a new capture plans new addresses
     std::optional<backend::LaunchWatchScope> watch;
     if (watching) {
@@ -417,6 +472,19 @@ class CompiledStep {
         v.divergences = 0;
       }
     };
+    // Note [CUDA graphs of a step]: every call on the signature's own stream; a replay captured as graphs
+    std::optional<capture::OwnStreamCall> own;
+    if constexpr (std::is_same_v<D, cuda>) {
+      if (options_.cuda_graphs) {
+        if (!v.own_stream) {
+          v.own_stream = std::make_unique<backend::cuda::Stream>();
+          v.join_in = std::make_unique<backend::cuda::Event>();
+          v.join_out = std::make_unique<backend::cuda::Event>();
+        }
+        if (!capture && !v.graphs) v.graphs = std::make_unique<backend::cuda::StepGraphs>();
+        own.emplace(*v.own_stream, *v.join_in, *v.join_out, capture ? nullptr : v.graphs.get());
+      }
+    }
     try {
       if constexpr (std::is_void_v<R>) {
         {
@@ -424,6 +492,7 @@ class CompiledStep {
           capture::ObserverScope obs(ops);
           capture::RewriterScope rw(rewriter);
           fn_(std::forward<Args>(args)...);
+          if (own) own->finish();
         }
         finish(false);
         compare();
@@ -434,7 +503,9 @@ class CompiledStep {
           capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);
           capture::ObserverScope obs(ops);
           capture::RewriterScope rw(rewriter);
-          return fn_(std::forward<Args>(args)...);
+          R result = fn_(std::forward<Args>(args)...);
+          if (own) own->finish();
+          return result;
         }();
         finish(false);
         compare();
@@ -485,10 +556,14 @@ class CompiledStep {
     return last_ ? last_->fusion.pairs : none;
   }
   /// The signature used last's launches in its last two replays compared (Note [graph blockers]; with
-  /// CompileOptions::watch_launches, on the CPU).
+  /// CompileOptions::watch_launches).
   const capture::GraphReport& graph_report() const {
     static const capture::GraphReport none{};
     return last_ ? last_->report : none;
+  }
+  /// What the CUDA graphs of the signature used last did (Note [CUDA graphs of a step]; zeros without them).
+  backend::cuda::GraphStats graph_stats() const {
+    return last_ && last_->graphs ? last_->graphs->stats() : backend::cuda::GraphStats{};
   }
   /// The ops the signature used last captured.
   const std::vector<capture::OpRecord>& ops() const {
@@ -512,6 +587,11 @@ class CompiledStep {
     capture::LaunchLog launches_before, launches_now;  // Note [graph blockers]
     bool watched = false;                              // launches_before holds the last replay's
     capture::GraphReport report;
+    // Note [CUDA graphs of a step] (CompileOptions::cuda_graphs): the own stream, the joins with the caller's,
+    // the graphs (declared last: destroyed first, after their last launches finish)
+    std::unique_ptr<backend::cuda::Stream> own_stream;
+    std::unique_ptr<backend::cuda::Event> join_in, join_out;
+    std::unique_ptr<backend::cuda::StepGraphs> graphs;
   };
   Variant& variant_for(const std::string& sig) {
     for (std::size_t i = 0; i < variants_.size(); ++i)
@@ -522,7 +602,7 @@ class CompiledStep {
     if (!variants_.empty() && options_.verbose)
       std::fprintf(stderr, "tg::compile: a new input signature (%s): capturing it (%zu signatures compiled before)\n", sig.c_str(), variants_.size());
     if (variants_.size() >= std::max<std::size_t>(1, options_.cache_size)) {
-      variants_.back()->memory->retire();
+      release(*variants_.back());
       variants_.pop_back();
     }
     auto v = std::make_unique<Variant>();
@@ -532,6 +612,17 @@ class CompiledStep {
     variants_.insert(variants_.begin(), std::move(v));
     last_ = nullptr;
     return *variants_.front();
+  }
+  /// Gives a signature's arena back; with its own stream (Note [CUDA graphs of a step]) after that stream's work.
+  static void release(Variant& v) noexcept {
+    v.graphs.reset();  // waits for its last graphs
+    if (v.own_stream) {
+      try {
+        v.own_stream->synchronize();
+      } catch (...) {  // a broken CUDA context: the arena is not handed out again on this stream
+      }
+    }
+    v.memory->retire();
   }
   void check_parameters() {
     if (params_.empty()) return;

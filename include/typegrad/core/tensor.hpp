@@ -79,7 +79,7 @@ class Tensor {
   static Tensor full(const Shape& shape, double value) {
     Tensor t = empty(shape);
     if constexpr (std::is_same_v<D, cpu>) backend::watched::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));  // Note [launch watch]
-    else backend::cuda::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
+    else backend::watched_cuda::fill<T>(t.data(), t.numel(), scalar_cast<T>(value));
     return t;
   }
   static Tensor zeros(const Shape& shape) { return full(shape, 0.0); }

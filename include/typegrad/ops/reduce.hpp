@@ -119,7 +119,7 @@ Tensor<T, D> max(const Tensor<T, D>& x, std::int64_t dim, bool keepdim = false)
                      const Tensor<T, D> g = dout.contiguous_raw();
                      if constexpr (std::is_same_v<D, cuda>) {
                        Tensor<T, D> din = Tensor<T, D>::empty(in_shape);
-                       backend::cuda::max_backward<T>(g.data(), s.argmax.data(), din.data(), outer, in_shape[d], inner);
+                       backend::watched_cuda::max_backward<T>(g.data(), s.argmax.data(), din.data(), outer, in_shape[d], inner);
                        return std::tuple{din};
                      } else {
                        Tensor<T, D> din = Tensor<T, D>::zeros(in_shape);

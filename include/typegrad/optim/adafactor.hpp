@@ -107,13 +107,10 @@ class BasicAdafactor final : public BasicOptimizer<D> {
  protected:
   std::vector<SlotSpec> slots(const Shape& shape) const override { return adafactor_slots(o_, shape); }
   void update(std::span<Update> ready) override {
-    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
-    const bool on_device = this->boundary() != nullptr;
-    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); },
+    Base::for_each_run(ready, [this](const Update& u) { return std::tuple(this->run_lr_key(u), u.weight_decay(), u.step()); },
                        [&](std::span<Update> run) {
-                         // ρ and β̂2 are read from the boundary: the host's stay out (those of lr 0, t 1), so that
-                         // the launch is the same every step (Note [graph blockers])
-                         auto s = adafactor_scalars(o_, on_device ? 0.f : run[0].lr(), run[0].weight_decay(), on_device ? 1 : run[0].step());
+                         // under a device boundary ρ and β̂2 are read there too: the host's are those of lr 0, t 1
+                         auto s = adafactor_scalars(o_, this->launch_lr(run[0]), run[0].weight_decay(), this->launch_step(run[0], 1));
                          // Note [the step boundary on the device]: skip, lr (· the scale), β̂2_t and 1/sqrt(t) from the state
                          s.boundary = this->boundary();
                          s.lr_scale = run[0].lr_scale();

@@ -69,20 +69,16 @@ class BasicAdamRule : public BasicOptimizer<D> {
   }
   std::vector<SlotSpec> slots(const Shape& shape) const override { return adam_slots(shape); }
   void update(std::span<Update> ready) override {
-    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
-    const bool on_device = this->boundary() != nullptr;
-    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); },
+    Base::for_each_run(ready, [this](const Update& u) { return std::tuple(this->run_lr_key(u), u.weight_decay(), u.step()); },
                        [&](std::span<Update> run) {
                          backend::AdamScalars s;
-                         // under a device boundary the kernel reads lr and t there: the host's stay out, so
-                         // that the launch is the same every step (Note [graph blockers])
-                         s.lr = on_device ? 0 : run[0].lr();
+                         s.lr = this->launch_lr(run[0]);
                          s.beta1 = h_.beta1;
                          s.beta2 = h_.beta2;
                          s.eps = h_.eps;
                          s.weight_decay = run[0].weight_decay();
                          s.decoupled = Decoupled;
-                         s.step = on_device ? 0 : run[0].step();
+                         s.step = this->launch_step(run[0]);
                          // Note [the step boundary on the device]: skip, lr (· the group's scale) and t from the state
                          s.boundary = this->boundary();
                          s.lr_scale = run[0].lr_scale();

@@ -81,11 +81,15 @@ double clip_by_global_norm(ForEach&& for_each, double max_norm, const CrossRank*
       counted_sizes.push_back(g.numel());
     });
     if (contiguous) {
+      backend::report_launch("sum_squares_multi", true, counted, counted_sizes);  // Note [launch watch]: a read
       const double sq = backend::cuda::sum_squares_multi(counted.data(), counted_sizes.data(), static_cast<int>(counted.size()));
       const double total = std::sqrt(across_ranks(sq, cross));
       if (!std::isfinite(total)) return total;
       const double coef = max_norm / (total + 1e-6);
-      if (coef < 1.0) backend::cuda::scale_multi(all.data(), all_sizes.data(), static_cast<int>(all.size()), static_cast<float>(coef));
+      if (coef < 1.0) {
+        backend::report_launch("scale_multi", false, all, all_sizes, static_cast<float>(coef));
+        backend::cuda::scale_multi(all.data(), all_sizes.data(), static_cast<int>(all.size()), static_cast<float>(coef));
+      }
       return total;
     }
   }

@@ -87,8 +87,12 @@ class DeviceBoundary {
     in.start.scale = scale;
     in.start.inv_n = 1.0 / static_cast<double>(micro_batches);
     in.philox_base = philox_base;
-    if constexpr (std::is_same_v<D, cuda>) backend::cuda::copy_host_to_device(inputs_.data(), &in, sizeof in);  // stream-ordered
-    else std::memcpy(inputs_.data(), &in, sizeof in);
+    if constexpr (std::is_same_v<D, cuda>) {  // stream-ordered; a graph's prelude (Note [graph blockers]): not watched
+      const backend::LaunchWatchScope prelude(nullptr);
+      backend::cuda::copy_host_to_device(inputs_.data(), &in, sizeof in);
+    } else {
+      std::memcpy(inputs_.data(), &in, sizeof in);
+    }
     TG_BACKEND(D, boundary_begin<fp32>(state_.data(), factor_.data(), start()));
     if (cross_) {  // Note [device-ordered waits]: the step's collectives wait on the host at read()
       cross_->settle();
@@ -149,6 +153,8 @@ class DeviceBoundary {
   BoundaryReadout read() const {
     if (cross_) cross_->settle();  // the step's collectives, checked on the host (Note [device-ordered waits])
     ++reads_;
+    // after the step's last kernel: where a graph of the step would end (its epilogue, not watched: Note [graph blockers])
+    const backend::LaunchWatchScope epilogue(nullptr);
     const std::vector<double> v = state_.detach().template to<cpu>().to_vector();
     BoundaryReadout r;
     r.loss = v[backend::kLoss];

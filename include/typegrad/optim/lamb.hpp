@@ -81,19 +81,17 @@ class BasicLamb final : public BasicOptimizer<D> {
  protected:
   std::vector<SlotSpec> slots(const Shape& shape) const override { return lamb_slots(shape); }
   void update(std::span<Update> ready) override {
-    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
-    const bool on_device = this->boundary() != nullptr;
-    const auto key = [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step()); };
+    const auto key = [this](const Update& u) { return std::tuple(this->run_lr_key(u), u.weight_decay(), u.step()); };
     Base::for_each_run(ready, key, [](std::span<Update>) {});  // sorts `ready` into its runs: the ratios' order
     place_ratios(ready);
     Base::for_each_run(ready, key, [&](std::span<Update> run) {
       backend::LambScalars s;
-      s.lr = on_device ? 0 : run[0].lr();  // read from the boundary: the launch stays the same (Note [graph blockers])
+      s.lr = this->launch_lr(run[0]);
       s.beta1 = o_.beta1;
       s.beta2 = o_.beta2;
       s.eps = o_.eps;
       s.weight_decay = run[0].weight_decay();
-      s.step = on_device ? 0 : run[0].step();
+      s.step = this->launch_step(run[0]);
       s.boundary = this->boundary();  // Note [the step boundary on the device]: skip, lr (· the scale) and t from the state
       s.lr_scale = run[0].lr_scale();
       tensors_.clear();

@@ -371,6 +371,16 @@ class BasicOptimizer : public AnyOptimizer {
 
   /// The device boundary state of the step in progress (step_on_device), or nullptr.
   const double* boundary() const { return boundary_; }
+  // Under a device boundary an update's kernel reads its lr (times the group's scale) and step count from the
+  // boundary state, so the host's stay out of its arguments and the launch is the same every step (Note [graph
+  // blockers]); without one, the kernel takes them from the host.
+  /// The lr an update's kernel is launched with: the group's, or 0 under a device boundary.
+  float launch_lr(const Update& u) const { return boundary_ ? 0.f : u.lr(); }
+  /// The step count an update's kernel is launched with: the parameter's, or `on_device` under a device boundary.
+  std::int64_t launch_step(const Update& u, std::int64_t on_device = 0) const { return boundary_ ? on_device : u.step(); }
+  /// The lr part of for_each_run's key: the group's lr, or under a device boundary the group's lr scale (the
+  /// kernel multiplies the boundary's lr by it), so that runs share the scale instead.
+  float run_lr_key(const Update& u) const { return boundary_ ? u.lr_scale() : u.lr(); }
 
   /// The state buffers this optimizer keeps for a parameter of `shape`.
   virtual std::vector<SlotSpec> slots(const Shape& shape) const = 0;

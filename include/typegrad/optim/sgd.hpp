@@ -60,12 +60,10 @@ class BasicSgd final : public BasicOptimizer<D> {
   std::vector<SlotSpec> slots(const Shape& shape) const override { return sgd_slots(o_, shape); }
   void update(std::span<Update> ready) override {
     // The momentum buffer starts as the first step's d: first steps are their own call.
-    // With a device boundary the lr is read there, times the group's scale: runs share the scale instead.
-    const bool on_device = this->boundary() != nullptr;
-    Base::for_each_run(ready, [on_device](const Update& u) { return std::tuple(on_device ? u.lr_scale() : u.lr(), u.weight_decay(), u.step() == 1); },
+    Base::for_each_run(ready, [this](const Update& u) { return std::tuple(this->run_lr_key(u), u.weight_decay(), u.step() == 1); },
                        [&](std::span<Update> run) {
                          backend::SgdScalars s;
-                         s.lr = on_device ? 0 : run[0].lr();  // read from the boundary (Note [graph blockers])
+                         s.lr = this->launch_lr(run[0]);
                          s.momentum = o_.momentum;
                          s.dampening = o_.dampening;
                          s.weight_decay = run[0].weight_decay();

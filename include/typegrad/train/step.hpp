@@ -175,11 +175,7 @@ class TrainStep {
           if (options_.sync) options_.sync->after_update();
           if (options_.after_update) options_.after_update();
         }
-        // Note [the optimizer writes the weight copies]: kept unless something after the update may have
-        // changed the masters (the after_update hook, ZeRO's gather of the owners' weights).
-        const bool masters_changed =
-            options_.after_update || (options_.sync && options_.sync->changes_weights_after_update());
-        precision_.after_step(accum_, masters_changed ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten);
+        precision_.after_step(accum_, copies_to_refresh());
       }
     }
     if (options_.sync && options_.sync->ranks() > 1) {  // the mean over the ranks (equal micro-batches)
@@ -259,17 +255,20 @@ class TrainStep {
       if (sync) sync->after_update();  // ZeRO: every rank gathers the owners' weights
       if (options_.after_update) options_.after_update();
     }
-    const bool masters_changed = options_.after_update || (sync && sync->changes_weights_after_update());
     // The weight copies are refreshed whether or not the device skipped the step (Note [graph blockers]): a
     // skipped step leaves the masters, which convert to the copies they have (bit for bit), so a taken and a
     // skipped step launch the same kernels.
-    if constexpr (P::uses_weight_copies) {
-      if (masters_changed) precision_.weights.refresh();
-      else precision_.weights.refresh_unwritten();
-    }
+    precision_.refresh_copies(copies_to_refresh());
     r.skipped = accum_.skipped_steps() != skipped_before;
     r.grad_norm = accum_.last_grad_norm();
     return r;
+  }
+
+  // Note [the optimizer writes the weight copies]: the copies the optimizer wrote are kept unless something
+  // after the update may have changed the masters (the after_update hook, ZeRO's gather of the owners' weights).
+  amp::CopyRefresh copies_to_refresh() const {
+    const bool masters_changed = options_.after_update || (options_.sync && options_.sync->changes_weights_after_update());
+    return masters_changed ? amp::CopyRefresh::all : amp::CopyRefresh::unwritten;
   }
 
   // Note [graph blockers]: a step decided on the device reads micro-batch m's token ids and targets from buffers

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "typegrad/core/dtype.hpp"
 
@@ -24,6 +25,8 @@ struct PointwiseArgs {
   std::int64_t size[8] = {};
   std::int64_t st[kPointwiseMaxOperands][8] = {};  // input k's strides over the output's dims (0: broadcast)
   double lit[kPointwiseMaxLiterals] = {};           // the expression's literal table, L[k] in the source
+  /// Its fields for the launch watch (Note [launch watch]: an aggregate with array members names its fields).
+  auto watch_fields() const { return std::tie(in, out, n, nd, size, st, lit); }
 };
 
 /// The CUDA translation unit for expression `expr` (over x0 .. x{K-1} and the literal table L, in the generated

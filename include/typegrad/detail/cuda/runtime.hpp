@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "typegrad/core/allocator.hpp"
@@ -103,6 +104,56 @@ void synchronize();
 /// `ncu --profile-from-start off` only the kernels between the two are profiled (bench_cuda_gpt's timed steps).
 void profiler_start();
 void profiler_stop();
+
+// Note [CUDA graphs of a step]
+// A compiled GPU step (CompileOptions::cuda_graphs, Note [compiled steps]) runs as CUDA graphs: each call's work
+// is captured on its stream (cudaStreamBeginCapture, relaxed mode) instead of launched, and launched as one
+// graph per stretch of the step between host reads. A read (a download, item(), a synchronization) ends the
+// stretch's capture; its graph updates the executable graph of the same stretch from the last call
+// (cudaGraphExecUpdate: the nodes' arguments, with the arena's fixed addresses mostly the same) or, when its
+// shape changed, is instantiated anew; it is launched; then the read runs and the next stretch's capture
+// begins. So every call runs its own host code and captures what it launches: a graph is never replayed with
+// stale arguments, whatever the step's data does. What a launch-bound step saves: the GPU runs each stretch's
+// kernels back to back, and the host records nodes instead of launching kernels. A step whose boundary is
+// decided on the device (train::StepOptions::device_boundary) is one stretch and its epilogue.
+// Uploads during a capture (token ids, tables, the step inputs) are copied into pinned blocks that the step's
+// graphs own, at the same offsets every call, and read by the graph's copy nodes when it runs; the next call
+// first waits for the last one's graphs. Not captured: work on another stream inside the step (a side stream,
+// NCCL's), which a capture on one stream does not order; compile() refuses graphs for a step it knows runs
+// such work (train_gpt with --dist). A call the capture cannot take (an event query or a synchronization that
+// is not a read) invalidates it: the stretch's work did not run, and the error says so.
+
+/// What a StepGraphs did, summed over its calls.
+struct GraphStats {
+  std::int64_t calls = 0;         ///< steps run through graphs
+  std::int64_t launches = 0;      ///< graphs launched (a step: one per stretch between host reads)
+  std::int64_t nodes = 0;         ///< their nodes (kernels, copies, memsets), in all
+  std::int64_t updated = 0;       ///< launches of an executable graph updated from the new capture
+  std::int64_t instantiated = 0;  ///< executable graphs made anew (a stretch's first call, or a changed shape)
+  std::int64_t uploads = 0;       ///< host-to-device copies captured from the graphs' pinned blocks
+  std::int64_t upload_bytes = 0;
+};
+
+/// The CUDA graphs of one compiled step (Note [CUDA graphs of a step]): begin() before the step's work on the
+/// current stream (a Stream, not the legacy default stream), end() after it.
+class StepGraphs {
+ public:
+  StepGraphs();
+  ~StepGraphs();
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+  /// Waits for the last call's graphs, then begins capturing the step's first stretch on the current stream.
+  void begin();
+  /// Ends the open stretch's capture and launches it (the work is queued, not finished, on return).
+  void end();
+  /// After an exception inside the step: ends the open capture and drops it (its work does not run).
+  void abandon() noexcept;
+  const GraphStats& stats() const;
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 // fill and add_inplace are declared once for both devices (detail/kernels/core.hpp).
 

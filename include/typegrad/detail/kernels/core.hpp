@@ -38,6 +38,10 @@ namespace tg::backend::watched {  // Note [launch watch]
 template <class S, class T>
 inline constexpr ::tg::backend::Watched<&::tg::backend::cpu::copy_strided<S, T>> copy_strided{"copy_strided"};
 }  // namespace tg::backend::watched
+namespace tg::backend::watched_cuda {
+template <class S, class T>
+inline constexpr ::tg::backend::Watched<&::tg::backend::cuda::copy_strided<S, T>> copy_strided{"copy_strided"};
+}  // namespace tg::backend::watched_cuda
 
 namespace tg::backend::cpu {
 /// Counter-based draws: element i uses Philox counter offset + i of `seed` (see core/random.hpp).

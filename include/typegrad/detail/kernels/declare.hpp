@@ -81,6 +81,9 @@ namespace tg::backend {
 #define TG_KERNEL_WATCHED_(RET, NAME, PARAMS, ...) \
   template <class T>                               \
   inline constexpr ::tg::backend::Watched<&::tg::backend::cpu::NAME<T>> NAME{#NAME};
+#define TG_KERNEL_WATCHED_CUDA_(RET, NAME, PARAMS, ...) \
+  template <class T>                                    \
+  inline constexpr ::tg::backend::Watched<&::tg::backend::cuda::NAME<T>> NAME{#NAME};
 
 /// Declares the kernels of `LIST` (Note [kernels declared once]).
 #define TG_DECLARE_KERNELS(LIST)                 \
@@ -95,6 +98,9 @@ namespace tg::backend {
   }                                              \
   namespace tg::backend::cuda {                  \
   LIST(TG_KERNEL_DECLARE_CUDA_, _)               \
+  }                                              \
+  namespace tg::backend::watched_cuda {          \
+  LIST(TG_KERNEL_WATCHED_CUDA_, _)               \
   }
 
 #define TG_KERNEL_INSTANTIATE_ONE_(T, NAME) template ::tg::backend::NAME##_kernel<T> NAME<T>;
@@ -107,11 +113,12 @@ namespace tg::backend {
 // An op calls its kernel as TG_BACKEND(D, kernel<T>(args...)): an `if constexpr` on the device tag that
 // calls backend::cuda::kernel for tg::cuda and backend::cpu::kernel otherwise, as an expression (the
 // kernel's result, if any, is the macro's value). Both backends declare every kernel with one signature
-// (Note [kernels declared once]), so the op's code (checks, shapes, saved values) is shared. The CPU branch
-// calls the kernel through backend::watched::kernel, which reports the launch to a watcher when one is
-// installed (Note [launch watch], launch_watch.hpp) and otherwise just calls it.
-#define TG_BACKEND(D, ...)                                                                  \
-  [&]() -> decltype(auto) {                                                                 \
-    if constexpr (std::is_same_v<D, ::tg::cuda>) return ::tg::backend::cuda::__VA_ARGS__; \
-    else return ::tg::backend::watched::__VA_ARGS__;                                        \
+// (Note [kernels declared once]), so the op's code (checks, shapes, saved values) is shared. Each branch
+// calls the kernel through backend::watched::kernel (CPU) or backend::watched_cuda::kernel (CUDA), which
+// reports the launch to a watcher when one is installed (Note [launch watch], launch_watch.hpp) and
+// otherwise just calls it.
+#define TG_BACKEND(D, ...)                                                                          \
+  [&]() -> decltype(auto) {                                                                         \
+    if constexpr (std::is_same_v<D, ::tg::cuda>) return ::tg::backend::watched_cuda::__VA_ARGS__; \
+    else return ::tg::backend::watched::__VA_ARGS__;                                                \
   }()

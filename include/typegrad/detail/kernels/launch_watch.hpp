@@ -24,7 +24,7 @@ namespace tg::backend {
 // scalar such as the lr or dropout's Philox offset, baked in. A step that passes another value on the next
 // call cannot be replayed as a graph unless that value reaches its kernel through memory instead (a device
 // pointer written before the launch). Every op launches its kernels through TG_BACKEND (Note [backend
-// dispatch]), and on the CPU that goes through Watched<&kernel>: with no watcher installed (the normal case)
+// dispatch]), and on either device that goes through Watched<&kernel>: with no watcher installed (the normal case)
 // it costs one thread-local load and calls the kernel; with one, it first reports the launch: the kernel's
 // name, one 64-bit hash of each argument's value, and whether the kernel returns a value to its caller (on a
 // GPU: a read of the device, which a graph cannot make). An argument's hash is of its value as the kernel sees
@@ -36,8 +36,10 @@ namespace tg::backend {
 // replay to the next. What a hash cannot see: the bytes behind a pointer (a multi-tensor kernel's table of
 // pointers lives in a host array whose address is stable while its contents could change; the CUDA launchers
 // copy such tables to the device at each launch, Note [graph blockers]) and work the host does outside a kernel.
-// The CPU helpers called outside TG_BACKEND report themselves with report_launch (the host boundary's sums and
-// scaling, the scaler's unscale, the weight copies' refresh, fills, fused chains, with their tables' contents).
+// The helpers called outside TG_BACKEND report themselves with report_launch (the host boundary's sums and
+// scaling, the scaler's unscale, the weight copies' refresh, fills, fused chains, with their tables' contents;
+// on CUDA also the multi-tensor norm, rescale and unscale with their tables' contents, tg::pointwise's generated
+// kernels, and the runtime's copies: an upload with the staging block it reads, a download as a read).
 
 /// One kernel launch as a watcher sees it.
 struct Launch {
@@ -79,7 +81,8 @@ inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {  // FNV-1a over v's
   return h;
 }
 
-/// Converts to any type: counts an aggregate's fields (how many of these its braced initialization takes).
+/// Converts to any type: counts an aggregate's fields (how many of these its braced initialization takes; an
+/// array member takes one per element, so an aggregate with arrays names its fields with watch_fields()).
 struct AnyField {
   template <class X>
   operator X() const;  // never defined: used in unevaluated contexts only
