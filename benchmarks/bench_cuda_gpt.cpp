@@ -13,7 +13,7 @@
 //   bench_cuda_gpt --model tiny --precision fp32 --steps 20 --peak-tflops 67
 //   bench_cuda_gpt --model tiny --precision fp32 --steps 50 --compile --cuda-graphs   // Note [CUDA graphs of a step]
 // --compile runs the step through tg::compile<cuda> (captured once, replayed from one arena); --cuda-graphs also
-// launches each replay as CUDA graphs.
+// launches each replay as CUDA graphs, of at most --graph-chunk launches each (0: one per stretch between reads).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,13 +37,14 @@ struct Args {
   std::int64_t batch = 16, seq = 1024;
   int steps = 10, warmup = 2, grad_accum = 1;
   bool compile = false, cuda_graphs = false;
+  std::size_t graph_chunk = tg::CompileOptions{}.graph_chunk;
   double peak_tflops = 989.0;  // dense bf16 of an H100 / H200 SXM (datasheet)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_cuda_gpt: %s\nusage: bench_cuda_gpt [--model tiny|small|gpt2] [--precision bf16|fp16|fp32] "
-               "[--batch B] [--seq T] [--grad-accum N] [--steps N] [--warmup N] [--peak-tflops X] [--compile [--cuda-graphs]]\n",
+               "[--batch B] [--seq T] [--grad-accum N] [--steps N] [--warmup N] [--peak-tflops X] [--compile [--cuda-graphs [--graph-chunk N]]]\n",
                why.c_str());
   std::exit(2);
 }
@@ -90,6 +91,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--grad-accum") a.grad_accum = static_cast<int>(number(k, v));
     else if (k == "--steps") a.steps = static_cast<int>(number(k, v));
     else if (k == "--warmup") a.warmup = static_cast<int>(number(k, v, /*zero_ok=*/true));
+    else if (k == "--graph-chunk") a.graph_chunk = static_cast<std::size_t>(number(k, v, /*zero_ok=*/true));
     else if (k == "--peak-tflops") {
       char* end = nullptr;
       a.peak_tflops = std::strtod(v.c_str(), &end);
@@ -136,7 +138,7 @@ int run(const Args& a) {
     return loss;
   };
   // --compile: the step captured once and replayed (its arena planned); --cuda-graphs: the replays as CUDA graphs
-  auto compiled = tg::compile<tg::cuda>(step, {.verbose = false, .cuda_graphs = a.cuda_graphs});
+  auto compiled = tg::compile<tg::cuda>(step, {.verbose = false, .cuda_graphs = a.cuda_graphs, .graph_chunk = a.graph_chunk});
   compiled.set_parameters(params);
   auto run_step = [&](int i) { return a.compile ? compiled(i) : step(i); };
   double first_loss = 0, last_loss = 0;

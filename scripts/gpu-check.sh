@@ -297,7 +297,7 @@ fi
 # 3b. the compiled step and CUDA graphs (Note [CUDA graphs of a step]): the tiny GPT (launch-bound) eager, compiled
 # and with its replays as graphs, then GPT-2 at BENCH_ARGS as graphs, while time is left
 TINY_ARGS="--model tiny --precision fp32 --batch 4 --seq 64 --steps 50 --warmup 5"
-for v in "" "--compile" "--compile --cuda-graphs"; do
+for v in "" "--compile" "--compile --cuda-graphs" "--compile --cuda-graphs --graph-chunk 0"; do
   # shellcheck disable=SC2086
   optional_bench "typegrad tiny ${v:-eager}, $TINY_ARGS" "bench_tiny${v// /_}" 90 0 "$BIN/tests/bench_cuda_gpt" $TINY_ARGS $v
 done

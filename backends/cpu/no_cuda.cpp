@@ -50,13 +50,15 @@ void Event::wait() const { no_backend("Event::wait"); }
 void Event::synchronize() const { no_backend("Event::synchronize"); }
 float Event::elapsed_ms_since(const Event&) const { no_backend("Event::elapsed_ms_since"); }
 struct StepGraphs::Impl {
-  GraphStats stats;
+  GraphStats stats;  // never made: the constructor throws
 };
 StepGraphs::StepGraphs() { no_backend("StepGraphs"); }
 StepGraphs::~StepGraphs() = default;
 void StepGraphs::begin() { no_backend("StepGraphs::begin"); }
 void StepGraphs::end() { no_backend("StepGraphs::end"); }
 void StepGraphs::abandon() noexcept {}
+void StepGraphs::set_chunk(std::size_t) { no_backend("StepGraphs::set_chunk"); }
+void StepGraphs::note_launch() { no_backend("StepGraphs::note_launch"); }
 const GraphStats& StepGraphs::stats() const { return impl_->stats; }
 // ---- copies and the CUDA-only launches ------------------------------------------------------------------
 void set_allow_tf32(bool allow) {  // turning TF32 off is what a build without CUDA already does

@@ -59,184 +59,123 @@ thread_local cudaStream_t t_current_stream = nullptr;
 }  // namespace
 
 // ---- CUDA graphs of a step (Note [CUDA graphs of a step]) --------------------------------------------------
-struct StepGraphs::Impl {
-  /// Pinned host memory for the uploads of one call, handed out in order (the same offsets every call).
-  struct Pool {
-    struct Block {
-      void* host = nullptr;
-      std::size_t bytes = 0;
-    };
-    std::vector<Block> blocks;
-    std::size_t block = 0, used = 0;
-    cudaEvent_t done = nullptr;  // recorded after the graphs of the last call that used this pool
-    bool pending = false;
-  };
-  cudaStream_t stream = nullptr;
-  bool active = false;           // between begin() and end()
-  bool capturing = false;        // a stretch's capture is open on `stream`
-  std::size_t stretch = 0;       // the next stretch's index in this call
-  std::vector<cudaGraphExec_t> execs;  // by stretch, from the last calls
-  Pool pools[2];                 // alternate calls: one call's uploads are written while the last one's graphs run
-  int pool = 0;
-  Impl* previous = nullptr;      // the thread's step under capture before this one (none, normally)
-  GraphStats stats;
-
-  void open() {
-    TG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-    capturing = true;
+namespace {
+/// detail::GraphCapture's CUDA calls.
+class CudaGraphDriver final : public detail::GraphDriver {
+ public:
+  void begin_capture(void* stream) override {
+    TG_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeRelaxed));
   }
-  /// Ends the open stretch's capture, updates or instantiates its executable graph and launches it.
-  void close() {
-    capturing = false;
+  void* end_capture(void* stream, std::size_t* nodes) override {
     cudaGraph_t g = nullptr;
-    const cudaError_t st = cudaStreamEndCapture(stream, &g);
+    const cudaError_t st = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &g);
     if (st != cudaSuccess || g == nullptr) {
       (void)cudaGetLastError();
       if (g) (void)cudaGraphDestroy(g);
-      throw Error("CUDA graphs: the capture of stretch ", stretch, " of the step failed (", cudaGetErrorString(st),
+      throw Error("CUDA graphs: the capture of a stretch of the step failed (", cudaGetErrorString(st),
                   "): its work did not run. A call that a capture cannot take ran inside the step (an event query, a "
                   "synchronization that is not a read, work on another stream); run the step without CUDA graphs "
                   "(Note [CUDA graphs of a step])");
     }
-    struct Drop {
-      cudaGraph_t g;
-      ~Drop() { (void)cudaGraphDestroy(g); }
-    } drop{g};
-    std::size_t nodes = 0;
-    TG_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-    if (nodes == 0) return;  // two reads in a row: nothing between them
-    const std::size_t k = stretch++;
-    if (execs.size() <= k) execs.resize(k + 1, nullptr);
-    cudaGraphExec_t& e = execs[k];
-    if (e != nullptr) {
-      // the nodes' arguments from the new capture; launches already queued keep the old ones
-      cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(e, g, &info) == cudaSuccess) {
-        ++stats.updated;
-      } else {  // another shape of the stretch: made anew
-        (void)cudaGetLastError();
-        (void)cudaGraphExecDestroy(e);
-        e = nullptr;
-      }
+    const cudaError_t counted = cudaGraphGetNodes(g, nullptr, nodes);
+    if (counted != cudaSuccess) {
+      (void)cudaGraphDestroy(g);
+      TG_CUDA_CHECK(counted);
     }
-    if (e == nullptr) {
-      cudaGraphExec_t made = nullptr;
-      TG_CUDA_CHECK(cudaGraphInstantiate(&made, g, 0));
-      e = made;
-      ++stats.instantiated;
-    }
-    TG_CUDA_CHECK(cudaGraphLaunch(e, stream));
-    ++stats.launches;
-    stats.nodes += static_cast<std::int64_t>(nodes);
+    return g;
   }
-  /// `bytes` of the current call's pinned memory (aligned to 256 bytes).
-  void* pinned(std::size_t bytes) {
-    Pool& p = pools[pool];
-    const std::size_t need = (bytes + 255) & ~std::size_t{255};
-    while (p.block < p.blocks.size() && p.used + need > p.blocks[p.block].bytes) {
-      ++p.block;
-      p.used = 0;
-    }
-    if (p.block == p.blocks.size()) {
-      Pool::Block b;
-      b.bytes = std::max<std::size_t>(need, std::size_t{1} << 20);
-      TG_CUDA_CHECK(cudaMallocHost(&b.host, b.bytes));
-      p.blocks.push_back(b);
-      p.used = 0;
-    }
-    void* at = static_cast<char*>(p.blocks[p.block].host) + p.used;
-    p.used += need;
-    return at;
+  void drop_capture(void* stream) noexcept override {
+    cudaGraph_t dropped = nullptr;
+    (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &dropped);
+    if (dropped) (void)cudaGraphDestroy(dropped);
+    (void)cudaGetLastError();
   }
+  void destroy_graph(void* graph) noexcept override { (void)cudaGraphDestroy(static_cast<cudaGraph_t>(graph)); }
+  bool update(void* exec, void* graph) noexcept override {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(exec), static_cast<cudaGraph_t>(graph), &info) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
+  }
+  void* instantiate(void* graph) override {
+    cudaGraphExec_t e = nullptr;
+    TG_CUDA_CHECK(cudaGraphInstantiate(&e, static_cast<cudaGraph_t>(graph), 0));
+    return e;
+  }
+  void destroy_exec(void* exec) noexcept override { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)); }
+  void launch(void* exec, void* stream) override {
+    TG_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
+  }
+  void* host_alloc(std::size_t bytes) override {
+    void* p = nullptr;
+    TG_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void host_free(void* p) noexcept override { (void)cudaFreeHost(p); }
+  void* event_create() override {
+    cudaEvent_t e = nullptr;
+    TG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void event_destroy(void* event) noexcept override { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+  bool event_record(void* event, void* stream) noexcept override {
+    if (cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
+  }
+  void event_wait(void* event) override { TG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+  void stream_wait(void* stream) noexcept override { (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
+};
+}  // namespace
+
+struct StepGraphs::Impl {
+  CudaGraphDriver driver;
+  detail::GraphCapture capture{driver};
+  detail::GraphCapture* previous = nullptr;  // the thread's step under capture before this one (none, normally)
 };
 
 namespace {
-thread_local StepGraphs::Impl* t_graphs = nullptr;  // the calling thread's step under capture
+thread_local detail::GraphCapture* t_graphs = nullptr;  // the calling thread's step under capture
 
 /// A read of the device (a download, a synchronization) inside a step under capture: the open stretch is
 /// captured up to here and launched first, and the next stretch's capture begins after the read (done()).
 /// (Note [CUDA graphs of a step])
 struct ReadPoint {
   ReadPoint() {
-    if (t_graphs && t_graphs->capturing) t_graphs->close();
+    if (t_graphs) t_graphs->before_read();
   }
   void done() {
-    if (t_graphs && t_graphs->active && !t_graphs->capturing) t_graphs->open();
+    if (t_graphs) t_graphs->after_read();
   }
 };
 }  // namespace
 
-StepGraphs::StepGraphs() : impl_(std::make_unique<Impl>()) {
-  for (auto& p : impl_->pools) TG_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
-}
-StepGraphs::~StepGraphs() {
-  Impl& g = *impl_;
-  abandon();
-  for (auto& p : g.pools) {
-    if (p.pending) (void)cudaEventSynchronize(p.done);  // the graphs still reading the blocks
-    for (auto& b : p.blocks) (void)cudaFreeHost(b.host);
-    if (p.done) (void)cudaEventDestroy(p.done);
-  }
-  for (cudaGraphExec_t e : g.execs)
-    if (e) (void)cudaGraphExecDestroy(e);
-}
+StepGraphs::StepGraphs() : impl_(std::make_unique<Impl>()) {}
+StepGraphs::~StepGraphs() { abandon(); }
 void StepGraphs::begin() {
   Impl& g = *impl_;
-  TG_CHECK(!g.active, "CUDA graphs: begin() while the step's capture is open");
-  TG_CHECK(t_current_stream != nullptr, "CUDA graphs: a step is captured on a Stream (StreamGuard), not on the legacy default stream");
-  g.pool ^= 1;
-  Impl::Pool& p = g.pools[g.pool];
-  if (p.pending) {  // the call before last wrote this pool: its graphs must have read it
-    TG_CUDA_CHECK(cudaEventSynchronize(p.done));
-    p.pending = false;
-  }
-  p.block = 0;
-  p.used = 0;
-  g.stream = t_current_stream;
-  g.stretch = 0;
-  g.open();
-  g.active = true;
+  g.capture.begin(t_current_stream);
   g.previous = t_graphs;
-  t_graphs = &g;
+  t_graphs = &g.capture;
 }
 void StepGraphs::end() {
   Impl& g = *impl_;
-  TG_CHECK(g.active, "CUDA graphs: end() without begin()");
-  try {
-    if (g.capturing) g.close();
-  } catch (...) {
-    abandon();  // the state closed; the stretches launched before still guard their pinned blocks
-    throw;
-  }
-  g.active = false;
-  t_graphs = g.previous;
-  Impl::Pool& p = g.pools[g.pool];
-  TG_CUDA_CHECK(cudaEventRecord(p.done, g.stream));
-  p.pending = true;
-  ++g.stats.calls;
+  struct Leave {  // the thread's capture state is closed whatever end() does
+    Impl& g;
+    ~Leave() {
+      if (t_graphs == &g.capture) t_graphs = g.previous;
+    }
+  } leave{g};
+  g.capture.end();
 }
 void StepGraphs::abandon() noexcept {
   Impl& g = *impl_;
-  if (!g.active) return;
-  if (g.capturing) {  // the open stretch's work is dropped
-    cudaGraph_t dropped = nullptr;
-    (void)cudaStreamEndCapture(g.stream, &dropped);
-    if (dropped) (void)cudaGraphDestroy(dropped);
-    (void)cudaGetLastError();
-    g.capturing = false;
-  }
-  g.active = false;
-  t_graphs = g.previous;
-  Impl::Pool& p = g.pools[g.pool];  // the stretches launched before the failure may still read the pool
-  if (cudaEventRecord(p.done, g.stream) == cudaSuccess) {
-    p.pending = true;
-  } else {
-    (void)cudaGetLastError();
-    (void)cudaStreamSynchronize(g.stream);
-  }
+  g.capture.abandon();
+  if (t_graphs == &g.capture) t_graphs = g.previous;
 }
-const GraphStats& StepGraphs::stats() const { return impl_->stats; }
-
+const GraphStats& StepGraphs::stats() const { return impl_->capture.stats(); }
+void StepGraphs::set_chunk(std::size_t launches) { impl_->capture.set_chunk(launches); }
+void StepGraphs::note_launch() { impl_->capture.note_launch(); }
 
 Stream::Stream() {
   cudaStream_t s = nullptr;
@@ -350,14 +289,12 @@ StagingBlock* staging_block(std::size_t bytes) {
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
-  if (StepGraphs::Impl* g = t_graphs; g && g->capturing && g->stream == t_current_stream) {
+  if (detail::GraphCapture* g = t_graphs; g && g->capturing_on(t_current_stream)) {
     // Note [CUDA graphs of a step]: a copy node reading the step's own pinned block, written now
     void* block = g->pinned(bytes);
     report_launch("copy_host_to_device", false, dst, static_cast<const void*>(block), bytes);  // Note [launch watch]
     std::memcpy(block, src, bytes);
     TG_CUDA_CHECK(cudaMemcpyAsync(dst, block, bytes, cudaMemcpyHostToDevice, t_current_stream));
-    ++g->stats.uploads;
-    g->stats.upload_bytes += static_cast<std::int64_t>(bytes);
     return;
   }
   if (bytes <= kStagedMax) {  // Note [asynchronous uploads]

@@ -197,8 +197,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
                "end, the launches whose arguments changed or that read a value back: what one CUDA graph of the step could not "
                "repeat (none with --device-boundary)");
   app.add_flag("--cuda-graphs", o.cuda_graphs,
-               "with --compile --device cuda: capture each replayed step's kernels as CUDA graphs, one per stretch between the "
-               "host's reads (one with --device-boundary in fp32), and launch those instead of each kernel (the same results)");
+               "with --compile --device cuda: capture each replayed step's kernels as CUDA graphs (one per stretch between the "
+               "host's reads, cut into graphs of 64 launches) and launch those instead of each kernel (the same results)");
   app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "
                                  "--memory-budget choice, then exit (one step is run to capture it; nothing is written)");
   app.add_option("--memory-budget", o.memory_budget, "the most memory a step may use, bytes (or with K, M, G, KiB, MiB, GiB): chooses the "

@@ -9,7 +9,8 @@ out=$(mktemp) err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$out"; echo "--- stderr"; cat "$err"; exit 1; }
 
-for bad in "--precision fp8" "--model huge" "--batch 0" "--grad-accum 0" "--steps x" "--seq 4096" "--peak-tflops -1" "--frobnicate 1"; do
+for bad in "--precision fp8" "--model huge" "--batch 0" "--grad-accum 0" "--steps x" "--seq 4096" "--peak-tflops -1" "--frobnicate 1" \
+  "--cuda-graphs" "--compile --cuda-graphs --graph-chunk x"; do
   # shellcheck disable=SC2086
   "$B" $bad >"$out" 2>"$err"
   rc=$?

@@ -47,6 +47,7 @@ struct Mode {
   bool switch_streams = false;   // steps 4-6 run on a side stream (a StreamGuard), the others on the default stream
   bool graphs = false;           // CompileOptions::cuda_graphs
   bool device_boundary = false;  // StepOptions::device_boundary
+  std::size_t graph_chunk = 64;  // CompileOptions::graph_chunk
 };
 
 template <class Policy>
@@ -61,7 +62,7 @@ Outcome train(Mode mode) {
                                                                 tg::optim::GradAccumRuntime(2));
   std::uint64_t k = 0;
   auto one = [&] { return step.run(model, [&] { return batch(k++); }, drop); };
-  auto c = tg::compile<tg::cuda>(one, {.cuda_graphs = mode.graphs});
+  auto c = tg::compile<tg::cuda>(one, {.cuda_graphs = mode.graphs, .graph_chunk = mode.graph_chunk});
   c.set_parameters(ps);
   Outcome out;
   auto& a = tg::allocator<tg::cuda>();
@@ -112,11 +113,12 @@ TEST(CudaCompile, EqualsEagerBitwiseBf16) { expect_bitwise<tg::amp::bf16_mixed>(
 // call to the allocator, and update the executable graphs of the last call instead of making new ones. With the
 // boundary on the host the step reads its losses and norm mid-step, so it is several stretches; with it on the
 // device, an fp32 step is one graph (its one read comes after its last kernel) and a bf16 step two (the weight
-// copies are refreshed after the read).
+// copies are refreshed after the read), when stretches are not cut into chunks (graph_chunk 0). With chunks of 8
+// launches the same bits come from many more graphs.
 template <class Policy>
-void expect_graphs_bitwise(bool device_boundary, std::int64_t stretches_per_step) {
+void expect_graphs_bitwise(bool device_boundary, std::int64_t stretches_per_step, std::size_t chunk = 0) {
   TG_SKIP_WITHOUT_GPU();
-  const Outcome got = train<Policy>({.compiled = true, .graphs = true, .device_boundary = device_boundary});
+  const Outcome got = train<Policy>({.compiled = true, .graphs = true, .device_boundary = device_boundary, .graph_chunk = chunk});
   const Outcome ref = train<Policy>({.device_boundary = device_boundary});
   EXPECT_EQ(got.captures, 1);
   for (std::size_t i = 0; i < ref.losses.size(); ++i) EXPECT_EQ(got.losses[i], ref.losses[i]) << "step " << i;
@@ -125,7 +127,8 @@ void expect_graphs_bitwise(bool device_boundary, std::int64_t stretches_per_step
   for (std::size_t i = 1; i < got.allocations.size(); ++i) EXPECT_EQ(got.allocations[i], 0) << "step " << i << " called the CUDA allocator";
   const auto& g = got.graph;
   EXPECT_EQ(g.calls, got.replays) << "every replay ran as graphs";
-  if (stretches_per_step > 0) EXPECT_EQ(g.launches, stretches_per_step * g.calls);
+  if (stretches_per_step > 0 && chunk == 0) EXPECT_EQ(g.launches, stretches_per_step * g.calls);
+  if (chunk > 0) EXPECT_GE(g.launches * static_cast<std::int64_t>(chunk), g.nodes / 4) << "graphs of at most " << chunk << " launches";
   EXPECT_GT(g.launches, 0);
   EXPECT_GT(g.nodes, 50 * g.calls) << "the step's kernels are in its graphs";
   EXPECT_GT(g.updated, 0);
@@ -137,6 +140,8 @@ TEST(CudaGraphs, HostBoundaryStepEqualsEagerBitwiseFp32) { expect_graphs_bitwise
 TEST(CudaGraphs, HostBoundaryStepEqualsEagerBitwiseBf16) { expect_graphs_bitwise<tg::amp::bf16_mixed>(false, 0); }
 TEST(CudaGraphs, DeviceBoundaryStepIsOneGraphFp32) { expect_graphs_bitwise<tg::amp::fp32_policy>(true, 1); }
 TEST(CudaGraphs, DeviceBoundaryStepIsTwoGraphsBf16) { expect_graphs_bitwise<tg::amp::bf16_mixed>(true, 2); }
+TEST(CudaGraphs, ChunksOfEightLaunchesGiveTheSameBitsFp32) { expect_graphs_bitwise<tg::amp::fp32_policy>(true, 0, 8); }
+TEST(CudaGraphs, ChunksOfEightLaunchesGiveTheSameBitsBf16) { expect_graphs_bitwise<tg::amp::bf16_mixed>(false, 0, 8); }
 
 // The capture's state is per call: a step that throws inside its capture leaves nothing open, and the next calls
 // run (here the same signature, so they replay as graphs again).

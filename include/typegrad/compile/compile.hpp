@@ -294,12 +294,16 @@ struct CompileOptions {
   /// between host reads (Note [CUDA graphs of a step]). Not for a step that runs work on other streams (a
   /// data-parallel run's communication).
   bool cuda_graphs = false;
+  /// With cuda_graphs: the most launches one graph takes; a longer stretch between reads is cut into graphs of this
+  /// many, so that the GPU runs one while the host captures the next (0: one graph per stretch).
+  std::size_t graph_chunk = 64;
 };
 
 namespace capture {
 /// One call of a GPU step with CompileOptions::cuda_graphs: on the signature's own stream, after the caller's
 /// stream's work so far and before its later work, captured as graphs when `graphs` is given (a replay; Note
-/// [CUDA graphs of a step]).
+/// [CUDA graphs of a step]). While it captures, each launch is told to the graphs (a watcher over the launch
+/// watch, passing the launches on to the watcher installed before it), which cut long stretches into chunks.
 class OwnStreamCall {
  public:
   OwnStreamCall(backend::cuda::Stream& own, backend::cuda::Event& in, backend::cuda::Event& out, backend::cuda::StepGraphs* graphs)
@@ -310,15 +314,20 @@ class OwnStreamCall {
     if (graphs) {
       graphs->begin();
       graphs_ = graphs;
+      chunker_.graphs = graphs;
+      chunker_.next = backend::launch_watcher();
+      watch_.emplace(&chunker_);
     }
   }
   /// After the step returned: its last stretch launched.
   void finish() {
+    watch_.reset();  // before the caller's watch scope ends (the scopes nest)
     backend::cuda::StepGraphs* g = graphs_;
     graphs_ = nullptr;
     if (g) g->end();
   }
   ~OwnStreamCall() {
+    watch_.reset();
     if (graphs_) graphs_->abandon();  // the step threw: its open stretch is dropped
     try {
       out_->record();  // on the own stream
@@ -332,9 +341,19 @@ class OwnStreamCall {
   OwnStreamCall& operator=(const OwnStreamCall&) = delete;
 
  private:
+  struct Chunker final : backend::LaunchWatcher {
+    backend::cuda::StepGraphs* graphs = nullptr;
+    backend::LaunchWatcher* next = nullptr;  // the watcher installed before (the graph report's log), or none
+    void on_launch(const backend::Launch& l) override {
+      graphs->note_launch();
+      if (next) next->on_launch(l);
+    }
+  };
   backend::cuda::Event* out_;
   std::optional<backend::cuda::StreamGuard> on_;
   backend::cuda::StepGraphs* graphs_ = nullptr;
+  Chunker chunker_;
+  std::optional<backend::LaunchWatchScope> watch_;
 };
 }  // namespace capture
 
@@ -415,6 +434,11 @@ class CompiledStep {
           backend::cuda::set_device(v.device);
           try {
             backend::cuda::synchronize();
+            // Note [CUDA graphs of a step]: the own stream, its events and graphs belong to that device
+            v.graphs.reset();
+            v.own_stream.reset();
+            v.join_in.reset();
+            v.join_out.reset();
           } catch (...) {
             backend::cuda::set_device(device);
             throw;
@@ -481,7 +505,10 @@ class CompiledStep {
           v.join_in = std::make_unique<backend::cuda::Event>();
           v.join_out = std::make_unique<backend::cuda::Event>();
         }
-        if (!capture && !v.graphs) v.graphs = std::make_unique<backend::cuda::StepGraphs>();
+        if (!capture && !v.graphs) {
+          v.graphs = std::make_unique<backend::cuda::StepGraphs>();
+          v.graphs->set_chunk(options_.graph_chunk);
+        }
         own.emplace(*v.own_stream, *v.join_in, *v.join_out, capture ? nullptr : v.graphs.get());
       }
     }

@@ -14,6 +14,7 @@
 
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/dtype.hpp"
+#include "typegrad/detail/cuda/step_graphs.hpp"
 #include "typegrad/detail/kernels/core.hpp"
 
 namespace tg::backend::cuda {
@@ -112,30 +113,24 @@ void profiler_stop();
 // stretch's capture; its graph updates the executable graph of the same stretch from the last call
 // (cudaGraphExecUpdate: the nodes' arguments, with the arena's fixed addresses mostly the same) or, when its
 // shape changed, is instantiated anew; it is launched; then the read runs and the next stretch's capture
-// begins. So every call runs its own host code and captures what it launches: a graph is never replayed with
+// begins. A stretch of more launches than CompileOptions::graph_chunk is cut into graphs of that many, so that
+// the GPU runs one while the host captures the next (a whole stretch would leave the GPU idle while it is
+// captured). So every call runs its own host code and captures what it launches: a graph is never replayed with
 // stale arguments, whatever the step's data does. What a launch-bound step saves: the GPU runs each stretch's
 // kernels back to back, and the host records nodes instead of launching kernels. A step whose boundary is
-// decided on the device (train::StepOptions::device_boundary) is one stretch and its epilogue.
+// decided on the device (train::StepOptions::device_boundary) is one stretch before its one read (and the
+// refresh of its 16-bit weight copies after it).
 // Uploads during a capture (token ids, tables, the step inputs) are copied into pinned blocks that the step's
-// graphs own, at the same offsets every call, and read by the graph's copy nodes when it runs; the next call
-// first waits for the last one's graphs. Not captured: work on another stream inside the step (a side stream,
-// NCCL's), which a capture on one stream does not order; compile() refuses graphs for a step it knows runs
-// such work (train_gpt with --dist). A call the capture cannot take (an event query or a synchronization that
-// is not a read) invalidates it: the stretch's work did not run, and the error says so.
-
-/// What a StepGraphs did, summed over its calls.
-struct GraphStats {
-  std::int64_t calls = 0;         ///< steps run through graphs
-  std::int64_t launches = 0;      ///< graphs launched (a step: one per stretch between host reads)
-  std::int64_t nodes = 0;         ///< their nodes (kernels, copies, memsets), in all
-  std::int64_t updated = 0;       ///< launches of an executable graph updated from the new capture
-  std::int64_t instantiated = 0;  ///< executable graphs made anew (a stretch's first call, or a changed shape)
-  std::int64_t uploads = 0;       ///< host-to-device copies captured from the graphs' pinned blocks
-  std::int64_t upload_bytes = 0;
-};
+// graphs own, at the same offsets every call, and read by the graph's copy nodes when it runs; two pools serve
+// alternate calls, and a call first waits for the graphs of the call before last (which read its pool). Not
+// captured: work on another stream inside the step (a side stream, NCCL's), which a capture on one stream does
+// not order; train_gpt refuses --cuda-graphs with --dist, --tp and --pp. A call the capture cannot take (an event
+// query or a synchronization that is not a read) invalidates it: the stretch's work did not run, and the error
+// says so. The bookkeeping is detail::GraphCapture (step_graphs.hpp), tested on the CPU.
 
 /// The CUDA graphs of one compiled step (Note [CUDA graphs of a step]): begin() before the step's work on the
-/// current stream (a Stream, not the legacy default stream), end() after it.
+/// current stream (a Stream, not the legacy default stream), end() after it. The bookkeeping is
+/// detail::GraphCapture (step_graphs.hpp); this class gives it the CUDA runtime and the thread's reads and uploads.
 class StepGraphs {
  public:
   StepGraphs();
@@ -148,6 +143,10 @@ class StepGraphs {
   void end();
   /// After an exception inside the step: ends the open capture and drops it (its work does not run).
   void abandon() noexcept;
+  /// The most launches one graph takes (0: a whole stretch between reads); see detail::GraphCapture::set_chunk.
+  void set_chunk(std::size_t launches);
+  /// Before each launch of the step (CompiledStep tells it through the launch watch): cuts a long stretch.
+  void note_launch();
   const GraphStats& stats() const;
   struct Impl;
 
