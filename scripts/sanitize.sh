@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer stage of CI (scripts/test.sh runs it after the release tests): configures the `debug-asan`
-# preset (build/asan: CPU only, -O0 -g, -fsanitize=address,undefined -fno-sanitize-recover=all), builds
-# only the target tg_sanitize_build (the executables of the tests labelled `sanitize`, tests/CMakeLists.txt)
+# preset (build/asan: CPU only, -O0, -g1: line tables, enough for the reports' file:line; -fsanitize=address,
+# undefined -fno-sanitize-recover=all), builds only the target tg_sanitize_build (the executables of the tests
+# labelled `sanitize`, tests/CMakeLists.txt)
 # and runs the CTest label `sanitize` with findings fatal: ASan (leaks included) and UBSan stop the process
 # at the first report, which fails its test. A build failure or a failed test makes the script exit
 # non-zero. Sized for about 12 minutes on CI's 2 cores with a cold ccache.

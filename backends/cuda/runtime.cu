@@ -137,17 +137,15 @@ struct StepGraphs::Impl {
 namespace {
 thread_local detail::GraphCapture* t_graphs = nullptr;  // the calling thread's step under capture
 
-/// A read of the device (a download, a synchronization) inside a step under capture: the open stretch is
-/// captured up to here and launched first, and the next stretch's capture begins after the read (done()).
+/// Runs `wait`, a read of the device (a download, a synchronization): inside a step under capture, the open
+/// stretch is captured up to here and launched first, and the next stretch's capture begins after the read.
 /// (Note [CUDA graphs of a step])
-struct ReadPoint {
-  ReadPoint() {
-    if (t_graphs) t_graphs->before_read();
-  }
-  void done() {
-    if (t_graphs) t_graphs->after_read();
-  }
-};
+template <class Wait>
+void as_read(Wait&& wait) {
+  if (t_graphs) t_graphs->before_read();
+  wait();
+  if (t_graphs) t_graphs->after_read();
+}
 }  // namespace
 
 StepGraphs::StepGraphs() : impl_(std::make_unique<Impl>()) {}
@@ -188,16 +186,16 @@ Stream::~Stream() {
   (void)cudaStreamDestroy(s);
 }
 void Stream::synchronize() const {
-  ReadPoint read;  // Note [CUDA graphs of a step]
-  TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
-  read.done();
+  as_read([&] {  // Note [CUDA graphs of a step]
+    TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  });
 }
 
 void* current_stream() { return t_current_stream; }
 void synchronize_stream() {
-  ReadPoint read;  // Note [CUDA graphs of a step]
-  TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
-  read.done();
+  as_read([&] {  // Note [CUDA graphs of a step]
+    TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
+  });
 }
 
 StreamGuard::StreamGuard(const Stream& s) : previous_(t_current_stream) {
@@ -216,9 +214,9 @@ void Event::wait() const {
   TG_CUDA_CHECK(cudaStreamWaitEvent(t_current_stream, static_cast<cudaEvent_t>(handle_), 0));
 }
 void Event::synchronize() const {
-  ReadPoint read;  // Note [CUDA graphs of a step]
-  TG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
-  read.done();
+  as_read([&] {  // Note [CUDA graphs of a step]
+    TG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+  });
 }
 float Event::elapsed_ms_since(const Event& earlier) const {
   float ms = 0.f;
@@ -327,19 +325,19 @@ std::int64_t device_to_host_reads() { return g_host_reads.load(); }
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes) {
   g_host_reads.fetch_add(1, std::memory_order_relaxed);
   report_launch("copy_device_to_host", true, dst, src, bytes);  // Note [launch watch]: a read
-  ReadPoint read;  // Note [CUDA graphs of a step]
-  TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, t_current_stream));
-  TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
-  read.done();
+  as_read([&] {  // Note [CUDA graphs of a step]
+    TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, t_current_stream));
+    TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));
+  });
 }
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes) {  // stream-ordered
   report_launch("copy_device_to_device", false, dst, src, bytes);  // Note [launch watch]
   TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, t_current_stream));
 }
 void synchronize() {
-  ReadPoint read;  // Note [CUDA graphs of a step]
-  TG_CUDA_CHECK(cudaDeviceSynchronize());
-  read.done();
+  as_read([&] {  // Note [CUDA graphs of a step]
+    TG_CUDA_CHECK(cudaDeviceSynchronize());
+  });
 }
 void profiler_start() { TG_CUDA_CHECK(cudaProfilerStart()); }
 void profiler_stop() { TG_CUDA_CHECK(cudaProfilerStop()); }

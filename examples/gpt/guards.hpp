@@ -197,6 +197,9 @@ void validate_options(const Options& o) {
     throw tg::Error("--no-fuse turns off the fusion rewrite of --compile (and of --plan, --memory-budget): give it with one of them");
   if (o.graph_report && !o.compile)
     throw tg::Error("--graph-report watches the kernel launches of a compiled step: give it with --compile");
+  if (o.graph_chunk_given && !o.cuda_graphs)
+    throw tg::Error("--graph-chunk sizes the graphs of --cuda-graphs: give it with --cuda-graphs (and --compile --device cuda)");
+  if (o.graph_chunk < 0) throw tg::Error("--graph-chunk must be 0 (one graph per stretch) or a count of launches, got ", o.graph_chunk);
   if (o.cuda_graphs && (!o.compile || o.device != "cuda"))
     throw tg::Error("--cuda-graphs runs a compiled GPU step as CUDA graphs: give it with --compile and --device cuda");
   if (o.cuda_graphs && (!o.dist.empty() || o.grid))

@@ -84,6 +84,8 @@ struct Options {
   bool plan = false;                 // print the step's memory plan (and --memory-budget's choice) and exit
   bool graph_report = false;         // --compile: report what a CUDA graph of the step could not repeat
   bool cuda_graphs = false;          // --compile --device cuda: the replays run as CUDA graphs (Note [CUDA graphs of a step])
+  std::int64_t graph_chunk = 64;     // --cuda-graphs: the most launches one graph takes (0: a whole stretch between reads)
+  bool graph_chunk_given = false;    // --graph-chunk was on the command line
   std::string memory_budget;         // --memory-budget as given ("" : none)
   std::int64_t memory_budget_bytes = 0;
   bool checkpoint_given = false;     // --checkpoint was on the command line
@@ -198,7 +200,10 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
                "repeat (none with --device-boundary)");
   app.add_flag("--cuda-graphs", o.cuda_graphs,
                "with --compile --device cuda: capture each replayed step's kernels as CUDA graphs (one per stretch between the "
-               "host's reads, cut into graphs of 64 launches) and launch those instead of each kernel (the same results)");
+               "host's reads, cut into graphs of --graph-chunk launches) and launch those instead of each kernel (the same results)");
+  app.add_option("--graph-chunk", o.graph_chunk,
+                 "with --cuda-graphs: the most kernel launches one graph takes, so that the GPU runs one graph while the host "
+                 "captures the next (default 64; 0: one graph per stretch between the host's reads)");
   app.add_flag("--plan", o.plan, "print the step's memory plan (weights, optimizer state, activations, temporaries, peak) and the "
                                  "--memory-budget choice, then exit (one step is run to capture it; nothing is written)");
   app.add_option("--memory-budget", o.memory_budget, "the most memory a step may use, bytes (or with K, M, G, KiB, MiB, GiB): chooses the "
@@ -225,6 +230,7 @@ inline std::optional<int> parse_command_line(int argc, char** argv, Options& o) 
     o.tokenizer_given = tokenizer_flag->count() > 0;
     o.grid = tp_flag->count() + pp_flag->count() > 0;
     o.checkpoint_given = app.get_option("--checkpoint")->count() > 0;
+    o.graph_chunk_given = app.get_option("--graph-chunk")->count() > 0;
     if (!o.memory_budget.empty()) o.memory_budget_bytes = parse_bytes("--memory-budget", o.memory_budget);
     // The default warmup fits short runs (train_gpt --steps 20 just works); an explicit --warmup is checked as given.
     if (warmup_flag->count() == 0 && o.steps > 0) o.warmup = std::min<std::int64_t>(o.warmup, o.steps / 10);

@@ -63,7 +63,8 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
     return step.run(*s.model, [&] { return s.sampler->next(); }, s.dropout_gen);
   };
   auto compiled = tg::compile<D>(run_step, tg::CompileOptions{.fuse = !o.no_fuse, .watch_launches = o.graph_report,  // Note [compiled steps in the trainer]
-                                                              .cuda_graphs = o.cuda_graphs});
+                                                              .cuda_graphs = o.cuda_graphs,
+                                                              .graph_chunk = static_cast<std::size_t>(o.graph_chunk)});
   compiled.set_parameters(s.params);
   if (probe) {
     compiled();

@@ -10,8 +10,8 @@
 #  5. --device-boundary (bf16, fp16, SGD) logs the host boundary's losses on the GPU;
 #  6. --dist zero2 --device-boundary at world size 1 (NCCL, DataParallel<cuda>) logs part 1's bf16 losses;
 #  7. --compile --device-boundary --graph-report on the GPU logs part 5's losses and prints its graph report;
-#  8. --cuda-graphs (the compiled step's replays as CUDA graphs) logs part 7's losses bit for bit, with the
-#     boundary on the device and on the host.
+#  8. --cuda-graphs (the compiled step's replays as CUDA graphs, in chunks of 64 launches and whole) logs part 7's
+#     losses bit for bit, with the boundary on the device and on the host.
 #   tests/trainer/train_gpt_cuda.sh build/cuda/examples/gpt/train_gpt /tmp/work
 set -euo pipefail
 T=$(readlink -f "$1")
@@ -134,6 +134,9 @@ echo "7. --compile --graph-report on the GPU reports the step's launches and log
 grep -E "cuda graphs +[1-9][0-9]* steps as graphs" gpu_cgraph_bf16.out
 losses gpu_cgraph_bf16.jsonl > gpu_cgraph_bf16.txt
 close gpu_graph_bf16.txt gpu_cgraph_bf16.txt 0 0
+"$T" "${C[@]}" --precision bf16 --device cuda --device-boundary --compile --cuda-graphs --graph-chunk 0 --log gpu_cgraph0_bf16.jsonl > gpu_cgraph0_bf16.out
+losses gpu_cgraph0_bf16.jsonl > gpu_cgraph0_bf16.txt
+close gpu_graph_bf16.txt gpu_cgraph0_bf16.txt 0 0
 "$T" "${C[@]}" --precision bf16 --device cuda --compile --log gpu_compiled_host_bf16.jsonl > gpu_compiled_host_bf16.out
 "$T" "${C[@]}" --precision bf16 --device cuda --compile --cuda-graphs --log gpu_cgraph_host_bf16.jsonl > gpu_cgraph_host_bf16.out
 grep -E "cuda graphs +[1-9][0-9]* steps as graphs" gpu_cgraph_host_bf16.out

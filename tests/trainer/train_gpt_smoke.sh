@@ -123,6 +123,7 @@ ok graph_host --steps 5 "${C[@]}" --precision bf16 --grad-accum 2 --dropout 0.1 
 grep -Eq "graph report: [0-9]+ launches per step, [1-9][0-9]* that a graph could not repeat \(.*dropout_forward" graph_host.out
 fails graph_eager "give it with --compile" --steps 1 --graph-report
 fails cuda_graphs_cpu "give it with --compile and --device cuda" --steps 1 --compile --cuda-graphs
+fails graph_chunk_alone "give it with --cuda-graphs" --steps 1 --compile --graph-chunk 8
 echo "2c. --device-boundary logs the host boundary's losses bit for bit (AdamW, fp16 compiled, LAMB, Adafactor in fp16)"
 
 # 3. Bad inputs end with a clear error, never a crash or a sanitizer report.

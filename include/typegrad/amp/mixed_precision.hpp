@@ -81,10 +81,8 @@ class MixedPrecision {
   /// Converts the weight copies `which` says from the masters, whether or not a step was taken (a step decided
   /// on the device refreshes them either way: a skipped step's masters convert to the copies they have).
   void refresh_copies(CopyRefresh which) {
-    if constexpr (P::uses_weight_copies) {
-      if (which == CopyRefresh::unwritten) weights.refresh_unwritten();
-      else weights.refresh();
-    }
+    if (which == CopyRefresh::unwritten) weights.refresh_unwritten();
+    else weights.refresh();
   }
 
   /// Re-converts the copies from the masters now: after code that changed the masters outside an optimizer

@@ -26,6 +26,7 @@
 #include "typegrad/core/allocator.hpp"
 #include "typegrad/core/error.hpp"
 #include "typegrad/core/tensor.hpp"
+#include "typegrad/detail/cuda/own_stream_call.hpp"
 #include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/detail/kernels/launch_watch.hpp"
 #include "typegrad/optim/param.hpp"
@@ -299,64 +300,6 @@ struct CompileOptions {
   std::size_t graph_chunk = 64;
 };
 
-namespace capture {
-/// One call of a GPU step with CompileOptions::cuda_graphs: on the signature's own stream, after the caller's
-/// stream's work so far and before its later work, captured as graphs when `graphs` is given (a replay; Note
-/// [CUDA graphs of a step]). While it captures, each launch is told to the graphs (a watcher over the launch
-/// watch, passing the launches on to the watcher installed before it), which cut long stretches into chunks.
-class OwnStreamCall {
- public:
-  OwnStreamCall(backend::cuda::Stream& own, backend::cuda::Event& in, backend::cuda::Event& out, backend::cuda::StepGraphs* graphs)
-      : out_(&out) {
-    in.record();  // on the caller's stream
-    on_.emplace(own);
-    in.wait();  // before the capture begins: a capture cannot wait on an event recorded outside it
-    if (graphs) {
-      graphs->begin();
-      graphs_ = graphs;
-      chunker_.graphs = graphs;
-      chunker_.next = backend::launch_watcher();
-      watch_.emplace(&chunker_);
-    }
-  }
-  /// After the step returned: its last stretch launched.
-  void finish() {
-    watch_.reset();  // before the caller's watch scope ends (the scopes nest)
-    backend::cuda::StepGraphs* g = graphs_;
-    graphs_ = nullptr;
-    if (g) g->end();
-  }
-  ~OwnStreamCall() {
-    watch_.reset();
-    if (graphs_) graphs_->abandon();  // the step threw: its open stretch is dropped
-    try {
-      out_->record();  // on the own stream
-      on_.reset();
-      out_->wait();  // the caller's later work after the step's
-    } catch (...) {  // a broken CUDA context: the call that broke it reported the error
-      on_.reset();
-    }
-  }
-  OwnStreamCall(const OwnStreamCall&) = delete;
-  OwnStreamCall& operator=(const OwnStreamCall&) = delete;
-
- private:
-  struct Chunker final : backend::LaunchWatcher {
-    backend::cuda::StepGraphs* graphs = nullptr;
-    backend::LaunchWatcher* next = nullptr;  // the watcher installed before (the graph report's log), or none
-    void on_launch(const backend::Launch& l) override {
-      graphs->note_launch();
-      if (next) next->on_launch(l);
-    }
-  };
-  backend::cuda::Event* out_;
-  std::optional<backend::cuda::StreamGuard> on_;
-  backend::cuda::StepGraphs* graphs_ = nullptr;
-  Chunker chunker_;
-  std::optional<backend::LaunchWatchScope> watch_;
-};
-}  // namespace capture
-
 /// A step function captured and replayed (Note [compiled steps]); made by compile(). D: the device whose
 /// allocations are planned.
 template <class Fn, Device D = cpu>
@@ -497,7 +440,7 @@ class CompiledStep {
       }
     };
     // Note [CUDA graphs of a step]: every call on the signature's own stream; a replay captured as graphs
-    std::optional<capture::OwnStreamCall> own;
+    std::optional<backend::cuda::OwnStreamCall> own;
     if constexpr (std::is_same_v<D, cuda>) {
       if (options_.cuda_graphs) {
         if (!v.own_stream) {
