@@ -48,13 +48,7 @@
 #include <typegrad/detail/math.hpp>
 #include <typegrad/typegrad.hpp>
 
-// ---- the CUDA built-ins on the host -------------------------------------------------------------------------
-namespace {
-struct U3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-U3 threadIdx, blockIdx, gridDim, blockDim;
-}  // namespace
+#include "simt_emulation.hpp"  // the CUDA built-ins on the host
 
 #define __global__
 #define __device__
@@ -63,9 +57,6 @@ U3 threadIdx, blockIdx, gridDim, blockDim;
 #define TG_GRID_STRIDE(i, n)                                                                       \
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-// Round-to-nearest products, never contracted (the host compiler contracts nothing under -std=c++20).
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
 
 // common.cuh's accumulation type
 namespace tg::backend::cuda::detail {
@@ -129,15 +120,7 @@ i64 grid_for(i64 n) { return std::clamp<i64>((n + kThreads - 1) / kThreads, 1, 6
 /// Runs kernel() as every thread of every block, one after another: in order, or blocks and threads reversed.
 template <class F>
 void launch(i64 grid, bool reverse, F kernel) {
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {static_cast<unsigned>(kThreads), 1, 1};
-  for (i64 bb = 0; bb < grid; ++bb) {
-    blockIdx.x = static_cast<unsigned>(reverse ? grid - 1 - bb : bb);
-    for (int tt = 0; tt < kThreads; ++tt) {
-      threadIdx.x = static_cast<unsigned>(reverse ? kThreads - 1 - tt : tt);
-      kernel();
-    }
-  }
+  launch_sequential(grid, kThreads, kernel, reverse);
 }
 
 /// A launch: the launcher's grid (cap 0) or at most `cap` blocks, in order or reversed.

@@ -45,48 +45,7 @@
 #define __device__
 #define __forceinline__ inline
 
-namespace {
-struct U3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-thread_local U3 threadIdx, blockIdx;
-U3 gridDim, blockDim;
-
-[[noreturn]] void emu_fail(const char* what) {
-  std::fprintf(stderr, "EMU FAIL: %s (thread %u block %u)\n", what, threadIdx.x, blockIdx.x);
-  std::abort();
-}
-
-constexpr int kMaxWarps = 32;
-std::barrier<>* g_block_bar;
-std::barrier<>* g_warp_bar[kMaxWarps];
-double g_lane[kMaxWarps][32];  // a warp's exchange slots
-
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
-/// Every lane publishes v, the warp meets, each lane reads lane ^ m's, the warp meets again (the slots are reused).
-template <class A>
-A __shfl_xor_sync(unsigned mask, A v, int m) {
-  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>);
-  if (mask != 0xffffffffu || m < 1 || m > 16 || blockDim.x % 32 != 0) emu_fail("__shfl_xor_sync outside a full warp's butterfly");
-  const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
-  g_lane[w][lane] = static_cast<double>(v);
-  g_warp_bar[w]->arrive_and_wait();
-  const A r = static_cast<A>(g_lane[w][lane ^ static_cast<unsigned>(m)]);
-  g_warp_bar[w]->arrive_and_wait();
-  return r;
-}
-/// True on every lane when any lane's predicate is (a full warp only).
-inline bool __any_sync(unsigned mask, bool pred) {
-  if (mask != 0xffffffffu || blockDim.x % 32 != 0) emu_fail("__any_sync outside a full warp");
-  const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
-  g_lane[w][lane] = pred ? 1.0 : 0.0;
-  g_warp_bar[w]->arrive_and_wait();
-  bool any = false;
-  for (int l = 0; l < 32; ++l) any = any || g_lane[w][l] != 0;
-  g_warp_bar[w]->arrive_and_wait();
-  return any;
-}
-}  // namespace
+#include "simt_emulation.hpp"
 
 // common.cuh's block size and its warp and block sums (the same shuffles and barriers in the same order)
 namespace tg::backend::cuda::detail {
@@ -141,30 +100,11 @@ using tg::fp16;
 using i64 = std::int64_t;
 
 // ---- launches ---------------------------------------------------------------------------------------------
-/// Runs kernel() as `threads` threads per block over `grid` blocks, one block after another.
+/// Runs kernel() as `threads` threads per block over `grid` blocks (launch_threads).
 template <class F>
 void launch(i64 grid, int threads, F kernel) {
-  if (grid < 1 || threads < 1 || threads > 1024 || (threads > 1 && threads % 32 != 0)) emu_fail("bad launch shape");
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {static_cast<unsigned>(threads), 1, 1};
-  std::barrier<> block(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  for (int w = 0; w < (threads + 31) / 32; ++w) {
-    warps.push_back(std::make_unique<std::barrier<>>(std::min(threads, 32)));
-    g_warp_bar[w] = warps.back().get();
-  }
-  g_block_bar = &block;
-  std::vector<std::thread> th;
-  for (int t = 0; t < threads; ++t)
-    th.emplace_back([&, t] {
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      for (i64 b = 0; b < grid; ++b) {  // a barrier between blocks: one block's shared variables are the next one's
-        blockIdx = {static_cast<unsigned>(b), 0, 0};
-        kernel();
-        block.arrive_and_wait();
-      }
-    });
-  for (auto& x : th) x.join();
+  if (threads > 1 && threads % 32 != 0) emu_fail("bad launch shape");
+  launch_threads(grid, threads, kernel);
 }
 
 // optim.cu's launchers, with the same chunk tables, grids and block size; `grid` > 0 overrides the grid.

@@ -50,61 +50,7 @@
 #define __align__(x)
 #define __shared__
 
-namespace {
-struct U3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-thread_local U3 threadIdx, blockIdx;
-U3 gridDim, blockDim;
-
-[[noreturn]] void emu_fail(const char* what) {
-  std::fprintf(stderr, "EMU FAIL: %s (thread %u block %u)\n", what, threadIdx.x, blockIdx.x);
-  std::abort();
-}
-
-constexpr int kMaxWarps = 32;
-std::barrier<>* g_block_bar;
-std::barrier<>* g_warp_bar[kMaxWarps];
-double g_lane[kMaxWarps][32];  // a warp's shuffle slots (float and double values both fit exactly)
-
-// The late-warp schedule (g_late_warp >= 0): after every block barrier, that warp waits until each thread of the
-// other warps has arrived at the next block barrier (or the block's end): the others run as far ahead as the
-// barriers allow. A barrier missing between a read of shared memory by the late warp and the others' next writes
-// to it (or between the others' reads and the late warp's writes) then shows as a wrong result, every run.
-int g_late_warp = -1;  // the schedule a case asks for: -1 none, else a warp (past the block's last: the last one)
-int g_late = -1;       // the late warp of the running launch
-std::atomic<int> g_arrived[4];  // by barrier phase mod 4: threads outside the late warp that arrived
-thread_local int tl_phase = 0;  // block barriers this thread has passed in the launch
-/// A block barrier (__syncthreads, and the launch's own between blocks; `last`: the launch's final one).
-inline void block_barrier(bool last = false) {
-  const int phase = tl_phase++;
-  const bool late = static_cast<int>(threadIdx.x >> 5) == g_late;
-  if (!late) g_arrived[phase % 4].fetch_add(1);
-  g_block_bar->arrive_and_wait();
-  if (!late || last) return;
-  // nobody can arrive at phase + 2 before this warp arrives at phase + 1: its counter can be reset now
-  if ((threadIdx.x & 31u) == 0) g_arrived[(phase + 2) % 4].store(0);
-  const int others = static_cast<int>(blockDim.x) - 32;
-  while (g_arrived[(phase + 1) % 4].load() < others) std::this_thread::yield();
-}
-inline void __syncthreads() { block_barrier(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  if (mask != 0xffffffffu) emu_fail("__syncwarp with a partial mask");
-  g_warp_bar[threadIdx.x >> 5]->arrive_and_wait();
-}
-/// Every lane publishes v, the warp meets, each lane reads lane ^ m's, the warp meets again (the slots are reused).
-template <class A>
-A __shfl_xor_sync(unsigned mask, A v, int m) {
-  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>);
-  if (mask != 0xffffffffu || m < 1 || m > 16) emu_fail("__shfl_xor_sync outside a full warp's butterfly");
-  const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
-  g_lane[w][lane] = static_cast<double>(v);
-  g_warp_bar[w]->arrive_and_wait();
-  const A r = static_cast<A>(g_lane[w][lane ^ static_cast<unsigned>(m)]);
-  g_warp_bar[w]->arrive_and_wait();
-  return r;
-}
-}  // namespace
+#include "simt_emulation.hpp"
 
 // GCC 12 at -O2 merges load_norm_pack's two arms (a 16-byte pack load, and an element-by-element copy of the same
 // bytes) into one load that keeps the pack's 16-byte alignment, then vectorizes it into aligned SSE accesses: the
@@ -157,37 +103,12 @@ using tg::scalar_cast;
 using i64 = std::int64_t;
 
 // ---- launches ---------------------------------------------------------------------------------------------
-/// Runs kernel() as `threads` threads per block over `grid` blocks, one block after another (a block's threads
-/// run concurrently); dynamic shared memory is NaN when each block starts, as uninitialised memory may be.
+/// Runs kernel() as `threads` threads per block over `grid` blocks (launch_threads); dynamic shared memory is NaN
+/// when each block starts, as uninitialised memory may be.
 template <class F>
 void launch(i64 grid, int threads, F kernel) {
-  if (grid < 1 || threads < 32 || threads > 1024 || threads % 32 != 0) emu_fail("bad launch shape");
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {static_cast<unsigned>(threads), 1, 1};
-  std::barrier<> block(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  for (int w = 0; w < threads / 32; ++w) {
-    warps.push_back(std::make_unique<std::barrier<>>(32));
-    g_warp_bar[w] = warps.back().get();
-  }
-  g_block_bar = &block;
-  g_late = g_late_warp < 0 ? -1 : std::min(g_late_warp, threads / 32 - 1);
-  for (auto& a : g_arrived) a.store(0);
-  std::vector<std::thread> th;
-  th.reserve(static_cast<std::size_t>(threads));
-  for (int t = 0; t < threads; ++t)
-    th.emplace_back([&, t] {
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      tl_phase = 0;
-      for (i64 b = 0; b < grid; ++b) {
-        if (t == 0) std::memset(cu::norm_smem, 0xff, sizeof cu::norm_smem);
-        block_barrier();
-        blockIdx = {static_cast<unsigned>(b), 0, 0};
-        kernel();
-        block_barrier(b == grid - 1);
-      }
-    });
-  for (auto& x : th) x.join();
+  if (threads < 32 || threads % 32 != 0) emu_fail("bad launch shape");
+  launch_threads(grid, threads, kernel, [] { std::memset(cu::norm_smem, 0xff, sizeof cu::norm_smem); });
 }
 
 // The launchers' shapes (common.cuh's row_threads and grid_for, nn.cu's row_blocks and the one-pass backward's

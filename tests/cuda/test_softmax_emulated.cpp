@@ -59,69 +59,7 @@
 #define __forceinline__ inline
 #define __shared__ static  // one array per kernel instantiation, shared by the threads of the running block
 
-// ---- the CUDA built-ins on the host -------------------------------------------------------------------------
-namespace {
-struct U3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-thread_local U3 threadIdx, blockIdx;
-U3 gridDim, blockDim;
-
-[[noreturn]] void emu_fail(const char* what) {
-  std::fprintf(stderr, "EMU FAIL: %s (thread %u block %u)\n", what, threadIdx.x, blockIdx.x);
-  std::abort();
-}
-
-constexpr int kMaxWarps = 32;
-std::barrier<>* g_block_bar;
-std::barrier<>* g_warp_bar[kMaxWarps];
-double g_lane[kMaxWarps][2][32];  // a warp's shuffle slots, two sets used in turn (float and double values fit exactly)
-thread_local unsigned tl_shuffles = 0;  // butterflies this thread has made: which set it writes next
-
-// The late-warp schedule (g_late_warp >= 0): after every block barrier that warp waits until every thread of the
-// other warps has arrived at the next one (or the block's end), so the others run as far ahead as the barriers let
-// them. A missing barrier between the late warp's use of shared memory and the others' next writes then shows.
-int g_late_warp = -1;  // -1 none, else a warp (past the block's last: the last one)
-int g_late = -1;       // the late warp of the running launch
-std::atomic<int> g_arrived[4];  // by barrier phase mod 4: threads outside the late warp that arrived
-thread_local int tl_phase = 0;  // block barriers this thread has passed in the launch
-inline void block_barrier(bool last = false) {
-  const int phase = tl_phase++;
-  const bool late = static_cast<int>(threadIdx.x >> 5) == g_late;
-  if (!late) g_arrived[phase % 4].fetch_add(1);
-  g_block_bar->arrive_and_wait();
-  if (!late || last) return;
-  if ((threadIdx.x & 31u) == 0) g_arrived[(phase + 2) % 4].store(0);  // no one reaches phase + 2 before this warp
-  const int others = static_cast<int>(blockDim.x) - 32;
-  while (g_arrived[(phase + 1) % 4].load() < others) std::this_thread::yield();
-}
-inline void __syncthreads() { block_barrier(); }
-/// A warp's xor butterfly (for o = 16, 8, 4, 2, 1: v = f(v, the value of lane ^ o), where a shuffle would fetch
-/// it): every lane publishes v, the warp meets once, and each lane replays the butterfly over the 32 published values,
-/// the same operations in the same order as the shuffles would give it. The next butterfly writes the other set of
-/// slots; the one after can only start once every lane has passed the next meeting, after its reads of this set.
-template <class A, class F>
-A warp_butterfly(A v, F f) {
-  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>);
-  const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5, set = tl_shuffles++ & 1u;
-  g_lane[w][set][lane] = static_cast<double>(v);
-  g_warp_bar[w]->arrive_and_wait();
-  std::array<A, 32> x, y;
-  for (unsigned l = 0; l < 32; ++l) x[l] = static_cast<A>(g_lane[w][set][l]);
-  for (unsigned o = 16; o > 0; o >>= 1) {
-    for (unsigned l = 0; l < 32; ++l) y[l] = f(x[l], x[l ^ o]);
-    x = y;
-  }
-  return x[lane];
-}
-// One correctly rounded operation each; the host compiler neither contracts nor reassociates them.
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline double __ddiv_rn(double a, double b) { return a / b; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
-inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
-}  // namespace
+#include "simt_emulation.hpp"  // the CUDA built-ins on the host
 
 // common.cuh's accumulation type and reductions, in its order of operations
 namespace tg::backend::cuda::detail {
@@ -184,51 +122,17 @@ using tg::Shape;
 using i64 = std::int64_t;
 
 // ---- launches ---------------------------------------------------------------------------------------------
-/// Runs kernel() as `threads` threads per block over `grid` blocks, one block after another (a block's threads run
-/// concurrently).
+/// Runs kernel() as `threads` threads per block over `grid` blocks (launch_threads).
 template <class F>
 void launch(i64 grid, int threads, F kernel) {
-  if (grid < 1 || threads < 32 || threads > 1024 || threads % 32 != 0) emu_fail("bad launch shape");
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {static_cast<unsigned>(threads), 1, 1};
-  std::barrier<> block(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  for (int w = 0; w < threads / 32; ++w) {
-    warps.push_back(std::make_unique<std::barrier<>>(32));
-    g_warp_bar[w] = warps.back().get();
-  }
-  g_block_bar = &block;
-  g_late = g_late_warp < 0 ? -1 : std::min(g_late_warp, threads / 32 - 1);
-  for (auto& a : g_arrived) a.store(0);
-  std::vector<std::thread> th;
-  th.reserve(static_cast<std::size_t>(threads));
-  for (int t = 0; t < threads; ++t)
-    th.emplace_back([&, t] {
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      tl_phase = 0;
-      tl_shuffles = 0;
-      for (i64 b = 0; b < grid; ++b) {
-        block_barrier();
-        blockIdx = {static_cast<unsigned>(b), 0, 0};
-        kernel();
-        block_barrier(b == grid - 1);
-      }
-    });
-  for (auto& x : th) x.join();
+  if (threads < 32 || threads % 32 != 0) emu_fail("bad launch shape");
+  launch_threads(grid, threads, kernel);
 }
 /// The elementwise kernels share nothing between threads: every thread of every block in turn, on this thread.
 template <class F>
 void launch_elementwise(i64 n, F kernel) {
   constexpr int kThreads = 256;  // common.cuh's kThreads and grid_for
-  const i64 grid = std::clamp<i64>((n + kThreads - 1) / kThreads, 1, 65535LL * 16);
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {static_cast<unsigned>(kThreads), 1, 1};
-  for (i64 b = 0; b < grid; ++b)
-    for (int t = 0; t < kThreads; ++t) {
-      blockIdx = {static_cast<unsigned>(b), 0, 0};
-      threadIdx = {static_cast<unsigned>(t), 0, 0};
-      kernel();
-    }
+  launch_sequential(std::clamp<i64>((n + kThreads - 1) / kThreads, 1, 65535LL * 16), kThreads, kernel);
 }
 
 // The launchers' shapes: common.cuh's row_threads, nn.cu's row_blocks.
