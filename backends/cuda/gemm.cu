@@ -18,6 +18,7 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -126,6 +127,41 @@ using AlgoCache = detail::LtAlgoCache<22>;
 AlgoCache& algo_cache() {
   static AlgoCache cache;
   return cache;
+}
+
+// Note [cached GEMM descriptors]
+// A call's cuBLASLt descriptors (the matmul descriptor and the three matrix layouts) are fixed by the same inputs
+// as its algorithm, so they are kept too, under the algorithm cache's key (Note [cached GEMM algorithms]),
+// instead of being created, given their attributes and destroyed around every GEMM: a launch-bound step on the
+// GPU issues a few hundred GEMMs, each of which spent a dozen cuBLASLt calls of host time on its descriptors. What
+// changes from call to call with the same key, the bias and aux pointers, is set on the kept descriptor before
+// the call (cublasLtMatmul reads its attributes when called; a captured launch keeps the values it was given).
+// The cache is per thread, so no two threads set one descriptor's pointers at once, and holds at most
+// kMaxDescs configurations (a full cache is emptied). The heuristic's preference is made only when the
+// algorithm cache asks the heuristic.
+struct LtDescs {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t l1 = nullptr, l2 = nullptr, lc = nullptr;
+  LtDescs() = default;
+  LtDescs(const LtDescs&) = delete;
+  LtDescs& operator=(const LtDescs&) = delete;
+  ~LtDescs() {
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (l2) cublasLtMatrixLayoutDestroy(l2);
+    if (l1) cublasLtMatrixLayoutDestroy(l1);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+constexpr std::size_t kMaxDescs = 1024;
+/// The calling thread's descriptors for `key`, made by make(LtDescs&) the first time (a throw leaves none kept).
+template <class Make>
+const LtDescs& lt_descs(const AlgoCache::Key& key, Make&& make) {
+  thread_local std::map<AlgoCache::Key, std::unique_ptr<LtDescs>> kept;
+  if (auto it = kept.find(key); it != kept.end()) return *it->second;
+  auto d = std::make_unique<LtDescs>();
+  make(*d);
+  if (kept.size() >= kMaxDescs) kept.clear();
+  return *kept.emplace(key, std::move(d)).first->second;
 }
 
 template <class T>
@@ -282,9 +318,6 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   // A broadcast operand (batch stride 0) goes straight to cuBLAS, whose strided-batched GEMM documents
   // stride 0; everything else asks cuBLASLt first.
   const bool broadcast_batch = g.batch > 1 && (g.sa == 0 || g.sb == 0);
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t l1 = nullptr, l2 = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -297,68 +330,63 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   // The bias pointer attribute holds the bias (read) or, with a gradient epilogue, the bias gradient (written).
   const void* bias_attr = ep && ep->kind != Kind::gelu_aux ? ep->bias_grad : bias;
   const bool uses_aux = ep && ep->kind != Kind::bgradb;
-  auto cleanup = [&] {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (l2) cublasLtMatrixLayoutDestroy(l2);
-    if (l1) cublasLtMatrixLayoutDestroy(l1);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  };
-  if (!broadcast_batch) try {
-    TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, ct, scale_type));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (bias_attr) {  // bias[row of C'] = bias[n] (before the GELU, with GELU_AUX_BIAS), or its gradient
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_attr, sizeof bias_attr));
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type, sizeof c_type));
-    }
-    if (uses_aux) {  // the GELU input (A·B + bias), written or read, in C's type (EPILOGUE_AUX_DATA_TYPE left unset)
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux,
-                                                     sizeof ep->aux));
-      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep->ld,
-                                                     sizeof ep->ld));
-    }
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l1, ab_type, r1, c1, g.ldb));
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l2, ab_type, r2, c2, g.lda));
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, static_cast<std::uint64_t>(g.N), static_cast<std::uint64_t>(g.M), g.ldc));
-    if (g.batch > 1) {
-      const std::int32_t count = static_cast<std::int32_t>(g.batch);
-      const std::int64_t s1 = g.sb, s2 = g.sa, s3 = g.sc;
-      for (auto [l, s] : {std::pair{l1, s1}, std::pair{l2, s2}, std::pair{lc, s3}}) {
-        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
-      }
-    }
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t ws = kLtWorkspace;
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  if (!broadcast_batch) {
     const std::uint32_t al1 = alignment(b, g.sb * static_cast<std::int64_t>(sizeof(T))),
                         al2 = alignment(a, g.sa * static_cast<std::int64_t>(sizeof(T))),
                         alc = alignment(c, g.sc * static_cast<std::int64_t>(sizeof(TC)));
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al1, sizeof al1));
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al2, sizeof al2));
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc));
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc));
     // The heuristic's answer depends only on the descriptors and alignments, so it is asked once per
-    // configuration (Note [cached GEMM algorithms]). "No algorithm" is an answer here, not an error: the
-    // cuBLAS path below takes any layout.
+    // configuration (Note [cached GEMM algorithms]), and the descriptors are kept under the same key (Note
+    // [cached GEMM descriptors]). "No algorithm" is an answer here, not an error: the cuBLAS path below takes
+    // any layout.
     const AlgoCache::Key key = {ab_type, c_type, ct, op1, op2, static_cast<std::int64_t>(g.M), static_cast<std::int64_t>(g.N),
                          static_cast<std::int64_t>(g.K), g.lda, g.ldb, g.ldc, g.sa, g.sb, g.sc, g.batch, al1, al2, alc,
                          static_cast<std::int64_t>(epi), bias_attr ? alignment(bias_attr, 0) : 0,
                          uses_aux ? alignment(ep->aux, 0) : 0, uses_aux ? ep->ld : 0};
+    const LtDescs& d = lt_descs(key, [&](LtDescs& n) {
+      TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&n.desc, ct, scale_type));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(n.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(n.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
+      if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+        TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(n.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      if (bias_attr)  // the bias (or its gradient) in C's type; its pointer is set per call
+        TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(n.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type, sizeof c_type));
+      if (uses_aux)  // the GELU input's ld (in C's type: EPILOGUE_AUX_DATA_TYPE left unset); its pointer is set per call
+        TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(n.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep->ld, sizeof ep->ld));
+      TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&n.l1, ab_type, r1, c1, g.ldb));
+      TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&n.l2, ab_type, r2, c2, g.lda));
+      TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&n.lc, c_type, static_cast<std::uint64_t>(g.N), static_cast<std::uint64_t>(g.M), g.ldc));
+      if (g.batch > 1) {
+        const std::int32_t count = static_cast<std::int32_t>(g.batch);
+        const std::int64_t s1 = g.sb, s2 = g.sa, s3 = g.sc;
+        for (auto [l, s] : {std::pair{n.l1, s1}, std::pair{n.l2, s2}, std::pair{n.lc, s3}}) {
+          TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+          TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s));
+        }
+      }
+    });
+    if (bias_attr)  // bias[row of C'] = bias[n] (before the GELU, with GELU_AUX_BIAS), or its gradient
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_attr, sizeof bias_attr));
+    if (uses_aux)  // the GELU input (A·B + bias), written or read
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux, sizeof ep->aux));
     algo_cache().get(key, result, found, [&](cublasLtMatmulHeuristicResult_t& r, int& f) {
-      return detail::ask_status(cublasLtMatmulAlgoGetHeuristic(h.lt, desc, l1, l2, lc, lc, pref, 1, &r, &f), f);
+      cublasLtMatmulPreference_t pref = nullptr;
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      struct Drop {
+        cublasLtMatmulPreference_t p;
+        ~Drop() { cublasLtMatmulPreferenceDestroy(p); }
+      } drop{pref};
+      const std::uint64_t ws = kLtWorkspace;
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al1, sizeof al1));
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al2, sizeof al2));
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc));
+      TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc));
+      return detail::ask_status(cublasLtMatmulAlgoGetHeuristic(h.lt, d.desc, d.l1, d.l2, d.lc, d.lc, pref, 1, &r, &f), f);
     });
     if (found > 0)
-      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, desc, alpha_p, b, l1, a, l2, beta_p, c, lc, c, lc, &result.algo,
+      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, d.desc, alpha_p, b, d.l1, a, d.l2, beta_p, c, d.lc, c, d.lc, &result.algo,
                                      workspace_for(stream), kLtWorkspace, stream));
-  } catch (...) {
-    cleanup();
-    throw;
   }
-  cleanup();
   if (found > 0) return true;
   if (ep) return false;  // cuBLAS has no such epilogue: the caller runs the composite
 

@@ -129,6 +129,45 @@ TEST_F(CudaLinearGelu, SideStreamGivesTheDefaultStreamsResult) {
   for (std::size_t i = 0; i < on_side.size(); ++i) ASSERT_EQ(on_side[i].bits, on_default[i].bits) << "element " << i;
 }
 
+// The GEMM's cuBLASLt descriptors are kept per configuration (Note [cached GEMM descriptors] in
+// backends/cuda/gemm.cu) and given each call's bias and aux pointers: three fused calls of one shape on other
+// tensors, all alive at once (other addresses), in fp32 without TF32, their three backwards after the three
+// forwards; each matches the composite forward and backward. A kept descriptor that read an earlier call's bias
+// would be off by that bias (the biases are far apart); one that wrote the GELU input into an earlier call's aux
+// would give both calls' backwards the wrong pre-activation.
+TEST_F(CudaLinearGelu, KeptDescriptorsTakeEachCallsBiasAndAux) {
+  tg::backend::cuda::set_allow_tf32(false);
+  tg::Generator gen(20261207);
+  struct Call {
+    tg::Tensor<float> x, w, b, u;            // on the host
+    tg::Tensor<float, tg::cuda> xd, wd, bd, y;  // the fused call's, kept alive
+  };
+  std::vector<Call> calls;
+  for (int k = 0; k < 3; ++k) {
+    Call c;
+    c.x = tg::Tensor<float>::normal({32, 64}, 0.f, 1.f, gen);
+    c.w = tg::Tensor<float>::normal({96, 64}, 0.f, 0.2f, gen);
+    c.b = tg::Tensor<float>::normal({96}, 2.f * static_cast<float>(k), 0.5f, gen);
+    c.u = tg::Tensor<float>::normal({32, 96}, 0.f, 1.f, gen);
+    c.xd = c.x.to<tg::cuda>().requires_grad_();
+    c.wd = c.w.to<tg::cuda>().requires_grad_();
+    c.bd = c.b.to<tg::cuda>().requires_grad_();
+    const std::int64_t before = tg::backend::cuda::gelu_epilogue_calls();
+    c.y = tg::linear_gelu_tanh(c.xd, c.wd, c.bd);
+    ASSERT_EQ(tg::backend::cuda::gelu_epilogue_calls(), before + 1) << "call " << k << " did not take the epilogue";
+    calls.push_back(std::move(c));
+  }
+  for (auto& c : calls) c.y.backward(c.u.to<tg::cuda>());
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const Call& c = calls[k];
+    const Results r = run_op<float>(false, c.x, c.w, c.b, c.u);
+    EXPECT_LE(worst(values(c.y), r.y, 1e-5, 1e-5), 1.0) << "forward, call " << k;
+    EXPECT_LE(worst(values(c.xd.grad()), r.dx, 1e-5 * max_abs(r.dx), 1e-5), 1.0) << "dx, call " << k;
+    EXPECT_LE(worst(values(c.wd.grad()), r.dw, 1e-5 * max_abs(r.dw), 1e-5), 1.0) << "dw, call " << k;
+    EXPECT_LE(worst(values(c.bd.grad()), r.db, 1e-5 * max_abs(r.db), 1e-5), 1.0) << "db, call " << k;
+  }
+}
+
 // nn::BasicGPT<cuda>'s MLP calls linear_gelu_tanh with c_fc's weights: one epilogue call per block per
 // forward in bf16 (4C = 128 is a multiple of 8).
 TEST_F(CudaLinearGelu, GptMlpTakesTheEpilogueOncePerBlock) {
