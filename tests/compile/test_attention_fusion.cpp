@@ -18,6 +18,8 @@
 
 #include "compile/fusion_test_util.hpp"
 
+namespace test_attention_fusion_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::Tensor;
@@ -178,3 +180,5 @@ TEST(CompileAttention, ReadingTheMaskedScoresIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace test_attention_fusion_cpp

@@ -20,6 +20,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/train/step.hpp>
 
+namespace test_compile_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::testing::small_gpt;
@@ -238,3 +240,5 @@ TEST(Compile, ATensorKeptPastTheStepIsNeverOverwritten) {
 }
 
 }  // namespace
+
+}  // namespace test_compile_cpp

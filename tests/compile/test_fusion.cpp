@@ -14,6 +14,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/typegrad.hpp>
 
+namespace test_fusion_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::Tensor;
@@ -259,3 +261,5 @@ TEST(CompileFusion, ReportsTheChainsOnce) {
 }
 
 }  // namespace
+
+}  // namespace test_fusion_cpp

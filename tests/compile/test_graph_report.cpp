@@ -18,6 +18,8 @@
 #include <typegrad/ops/dropout_add.hpp>
 #include <typegrad/ops/unary.hpp>
 
+namespace test_graph_report_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 namespace be = tg::backend;
@@ -160,3 +162,5 @@ TEST(GraphReport, DropoutOnAnotherGeneratorOrDeviceKindIsNotRebased) {
 }
 
 }  // namespace
+
+}  // namespace test_graph_report_cpp

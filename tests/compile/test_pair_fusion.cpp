@@ -19,6 +19,8 @@
 
 #include "compile/fusion_test_util.hpp"
 
+namespace test_pair_fusion_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::Tensor;
@@ -252,3 +254,5 @@ TEST(CompilePairs, AnOpRecordedBetweenThePairIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace test_pair_fusion_cpp

@@ -14,6 +14,8 @@
 
 #include "typegrad/typegrad.hpp"
 
+namespace test_allocator_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::CachingHostAllocator;
@@ -323,3 +325,5 @@ TEST(CpuAllocator, FailedAllocationIsAnErrorNamingTheTensorAndBytes) {
   }
   EXPECT_EQ(tg::allocator<tg::cpu>().stats().bytes_in_use, in_use);  // nothing leaked or counted
 }
+
+}  // namespace test_allocator_cpp

@@ -9,6 +9,8 @@
 
 #include "typegrad/typegrad.hpp"
 
+namespace test_errors_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using F = tg::Tensor<tg::fp32>;
@@ -168,3 +170,5 @@ TEST(ErrorMessages, CudaWithoutBackend) {
 }
 
 }  // namespace
+
+}  // namespace test_errors_cpp

@@ -11,6 +11,8 @@
 
 #include "typegrad/typegrad.hpp"
 
+namespace test_random_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using F = tg::Tensor<tg::fp32>;
@@ -218,3 +220,5 @@ TEST(RandomDraws, UniformInRangeWithCorrectMean) {
 }
 
 }  // namespace
+
+}  // namespace test_random_cpp

@@ -10,6 +10,8 @@
 
 #include "typegrad/typegrad.hpp"
 
+namespace test_tensor_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using F = tg::Tensor<tg::fp32>;
@@ -662,3 +664,5 @@ TEST(Autodiff, RequiresGradOnlyOnLeaves) {
 }
 
 }  // namespace
+
+}  // namespace test_tensor_cpp

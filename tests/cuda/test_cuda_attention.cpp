@@ -16,6 +16,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_attention_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::backend::cuda::FlashKernels;
@@ -256,3 +258,5 @@ TEST_F(CudaAttention, ScaleMaskedSoftmaxEqualsTheSeparateOpsBitForBit) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_attention_cpp

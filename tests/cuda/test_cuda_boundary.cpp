@@ -20,6 +20,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_boundary_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 const tg::nn::GPTConfig kConfig{64, 16, 2, 2, 32, 0.1f};
@@ -137,3 +139,5 @@ TEST(CudaBoundary, LambInFp16WithAnInf) { expect_same_steps<tg::amp::fp16_mixed>
 TEST(CudaBoundary, AdafactorInFp16WithAnInf) { expect_same_steps<tg::amp::fp16_mixed>({.inf_step = 3, .adafactor = true}); }
 
 }  // namespace
+
+}  // namespace test_cuda_boundary_cpp

@@ -20,6 +20,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_compile_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 const tg::nn::GPTConfig kConfig{64, 16, 2, 2, 32, 0.1f};
@@ -165,3 +167,5 @@ TEST(CudaGraphs, AStepThatThrowsLeavesTheNextCallsWorking) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_compile_cpp

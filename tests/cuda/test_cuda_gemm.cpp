@@ -15,6 +15,8 @@
 #include "../../backends/cuda/cublaslt.cuh"
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_gemm_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 class CudaPaddedGemm : public tg::testing::GpuTest {};
@@ -133,3 +135,5 @@ TEST(LtAlgoCache, KeepsDefinitiveAnswersAndAsksAgainAfterTransientFailures) {
   EXPECT_EQ(asked, 3) << "not supported is an answer, kept";
   EXPECT_EQ(found, 0);
 }
+
+}  // namespace test_cuda_gemm_cpp

@@ -8,6 +8,8 @@
 #include <typegrad/detail/cuda/geometry.hpp>
 #include <typegrad/typegrad.hpp>
 
+namespace test_cuda_geometry_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::Shape;
@@ -176,3 +178,5 @@ TEST(CudaGeometry, MatmulBatchPlansComputeTheBatchedProduct) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_geometry_cpp

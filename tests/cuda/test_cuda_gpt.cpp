@@ -16,6 +16,8 @@
 #include "cuda/gpu_skip.hpp"
 #include "cuda/synthetic_batch.hpp"
 
+namespace test_cuda_gpt_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 // V 64, T 16, 2 layers, 2 heads, C 32, no dropout.
@@ -112,3 +114,5 @@ TEST(TinyGptCuda, FiftyStepLossesMatchTheCpuInBf16) { compare_devices<tg::bf16>(
 TEST(TinyGptCuda, FiftyFusedAdamWStepsMatchTheCpuInFp32) { compare_devices<float>(1e-3, 1e-2, Opt::fused_adamw); }
 
 }  // namespace
+
+}  // namespace test_cuda_gpt_cpp

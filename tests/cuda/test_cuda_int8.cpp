@@ -23,6 +23,8 @@
 #include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/quant/int8.hpp"
 
+namespace test_cuda_int8_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 namespace cuda = tg::backend::cuda;
@@ -372,3 +374,5 @@ TEST_F(CudaQuantizedGpt, MatchesTheCpuModel) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_int8_cpp

@@ -13,9 +13,12 @@
 
 #include "cuda/gpu_skip.hpp"
 
-namespace {
+namespace test_cuda_linear_gelu_cpp {  // the file's own names (Note [unity test sources])
 
+// Outside the anonymous namespace: the tests below that namespace derive from it too.
 class CudaLinearGelu : public tg::testing::GpuTest {};
+
+namespace {
 
 template <class T, class D>
 std::vector<double> values(const tg::Tensor<T, D>& t) {
@@ -261,3 +264,5 @@ TEST_F(CudaLinearGelu, MlpBackwardsDgeluIsTheTanhGeluDerivativeInFp32) {
   tg::backend::cuda::set_allow_tf32(false);
   check_mlp_dgelu<float>(0.1f, 1e-4);
 }
+
+}  // namespace test_cuda_linear_gelu_cpp

@@ -13,6 +13,8 @@
 
 #include <typegrad/detail/cuda/mma_layout.hpp>
 
+namespace test_cuda_mma_layout_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 namespace lay = tg::backend::cuda::detail::mma;
@@ -199,3 +201,5 @@ TEST(MmaLayout, SwizzleIsAPermutationWithoutBankConflicts) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_mma_layout_cpp

@@ -15,6 +15,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_nccl_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::dist::buffer_of;
@@ -150,3 +152,5 @@ TEST_F(CudaNccl, RejectsHostBuffers) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_nccl_cpp

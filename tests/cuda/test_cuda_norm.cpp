@@ -15,6 +15,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_norm_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 template <class T>
@@ -112,3 +114,5 @@ TEST(CudaNorm, PackedForwardAgreesWithTheBlockKernelAndTheCpu) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_norm_cpp

@@ -21,6 +21,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_optim_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 std::vector<float> random_values(std::int64_t n, std::uint64_t seed, float lo, float hi) {
@@ -542,3 +544,5 @@ TEST_F(CudaOptim, AdafactorOnCudaMatchesAdafactorOnTheCpu) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_optim_cpp

@@ -15,6 +15,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_pointwise_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using namespace tg::pw;
@@ -141,3 +143,5 @@ TEST(PointwiseCuda, ReluAndSigmoidMatchTheTensorOpsAtTheEdges) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_pointwise_cpp

@@ -7,6 +7,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_runtime_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 class CudaRuntime : public tg::testing::GpuTest {};
@@ -199,3 +201,5 @@ TEST_F(CudaRuntime, AnEventOrdersWorkAcrossStreams) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_runtime_cpp

@@ -22,6 +22,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_train_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 const tg::nn::GPTConfig kTiny{64, 16, 2, 2, 32, 0.f};
@@ -265,3 +267,5 @@ TEST(TrainerCuda, CheckpointsMoveBetweenDevicesForEveryOptimizer) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_train_cpp

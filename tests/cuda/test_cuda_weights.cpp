@@ -22,6 +22,8 @@
 
 #include "cuda/gpu_skip.hpp"
 
+namespace test_cuda_weights_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 const tg::nn::GPTConfig kTiny{64, 16, 2, 2, 32, 0.f};
@@ -306,3 +308,5 @@ TEST(WeightCopiesCuda, CheckpointedGptUnderCopiesMatchesThePlainRun) {
 }
 
 }  // namespace
+
+}  // namespace test_cuda_weights_cpp

@@ -27,6 +27,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/train/step.hpp>
 
+namespace test_dist_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::dist::Buffer;
@@ -662,3 +664,5 @@ TEST(DataParallel, RanksWithDifferentModelsStopNamingIt) {
 }
 
 }  // namespace
+
+}  // namespace test_dist_cpp

@@ -20,6 +20,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/train/step.hpp>
 
+namespace test_grid_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 tg::dist::Communicator& W() { return tg::dist::world(); }
@@ -288,3 +290,5 @@ TEST(ProcessGrid, GridsThatDoNotFitAreClearErrors) {
 }
 
 }  // namespace
+
+}  // namespace test_grid_cpp

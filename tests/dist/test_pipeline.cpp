@@ -18,6 +18,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/train/step.hpp>
 
+namespace test_pipeline_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 tg::dist::Communicator& W() { return tg::dist::world(); }
@@ -177,3 +179,5 @@ TEST(Pipeline, BubbleFractionAndErrors) {
 }
 
 }  // namespace
+
+}  // namespace test_pipeline_cpp

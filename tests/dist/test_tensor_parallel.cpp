@@ -17,6 +17,8 @@
 #include <typegrad/optim/optim.hpp>
 #include <typegrad/train/step.hpp>
 
+namespace test_tensor_parallel_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using F = tg::Tensor<float>;
@@ -251,3 +253,5 @@ TEST(TensorParallel, GroupsThatDoNotFitAreClearErrors) {
 }
 
 }  // namespace
+
+}  // namespace test_tensor_parallel_cpp

@@ -146,7 +146,9 @@ struct Registrar {
 
 #define TG_OPDB_CAT2(a, b) a##b
 #define TG_OPDB_CAT(a, b) TG_OPDB_CAT2(a, b)
-#define TG_REGISTER_OP(entry) static const ::tg::testing::Registrar TG_OPDB_CAT(tg_opdb_, __LINE__){entry}
+// __COUNTER__, not __LINE__: the entries compile as one unity source (Note [unity test sources]), where two
+// files may register on the same line.
+#define TG_REGISTER_OP(entry) static const ::tg::testing::Registrar TG_OPDB_CAT(tg_opdb_, __COUNTER__){entry}
 
 /// `t` (a host tensor) on the device of `like`: for entries whose lambdas build extra tensors (masks).
 template <class T, class D, class U>

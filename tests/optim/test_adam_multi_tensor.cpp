@@ -17,6 +17,8 @@
 
 #include "optim/optim_test_util.hpp"
 
+namespace test_adam_multi_tensor_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::optim::testing::make_param;
@@ -298,3 +300,5 @@ TEST(AdamMultiTensor, WritesEachTensorsWeightCopyWithItsUpdate) {
   }
 }
 }  // namespace
+
+}  // namespace test_adam_multi_tensor_cpp

@@ -6,7 +6,7 @@
 #include "optim/optim_test_util.hpp"
 
 namespace tg::optim::testing {
-namespace {
+namespace test_clip_accum_cpp {  // the file's own names (Note [unity test sources])
 
 TEST(OptimClip, ScalesByMaxNormOverTotalWhenAbove) {
   std::vector<Param> ps{Param("a", Tensor<fp32>::zeros({2})), Param("b", Tensor<fp32>::zeros({1})),
@@ -218,5 +218,5 @@ TEST(OptimGradAccum, GuardedFiniteStepEqualsUnguardedStep) {
   }
 }
 
-}  // namespace
+}  // namespace test_clip_accum_cpp
 }  // namespace tg::optim::testing

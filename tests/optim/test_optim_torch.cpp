@@ -8,7 +8,7 @@
 #include "reference/golden.hpp"
 
 namespace tg::optim::testing {
-namespace {
+namespace test_optim_torch_cpp {  // the file's own names (Note [unity test sources])
 
 std::string goldens_dir() {
   if (const char* env = std::getenv("TG_OPTIM_GOLDENS_DIR"); env && *env) return env;
@@ -82,5 +82,5 @@ TEST(OptimTorchParity, AdamWDecoupledWeightDecayMatchesTorch) {
   RecordProperty("max_rel_err", std::to_string(e));
 }
 
-}  // namespace
+}  // namespace test_optim_torch_cpp
 }  // namespace tg::optim::testing

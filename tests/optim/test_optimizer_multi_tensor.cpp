@@ -14,6 +14,8 @@
 
 #include "optim/optim_test_util.hpp"
 
+namespace test_optimizer_multi_tensor_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::optim::testing::make_param;
@@ -255,3 +257,5 @@ TEST(OptimizerHierarchy, ClippingMatchesClipGradNormForEveryOptimizer) {
 }
 
 }  // namespace
+
+}  // namespace test_optimizer_multi_tensor_cpp

@@ -8,7 +8,7 @@
 #include "optim/optim_test_util.hpp"
 
 namespace tg::optim::testing {
-namespace {
+namespace test_optimizers_cpp {  // the file's own names (Note [unity test sources])
 
 constexpr double kTol = 1e-5;
 
@@ -392,5 +392,5 @@ TEST(OptimErrors, BadStateAndOptionsAreRejectedWithNames) {
   expect_error([&] { Param p("w", Tensor<fp32>::zeros({3, 4}).transpose(0, 1)); }, "contiguous");
 }
 
-}  // namespace
+}  // namespace test_optimizers_cpp
 }  // namespace tg::optim::testing

@@ -3,7 +3,7 @@
 #include "optim/optim_test_util.hpp"
 
 namespace tg::optim::testing {
-namespace {
+namespace test_schedule_cpp {  // the file's own names (Note [unity test sources])
 
 TEST(OptimSchedule, ConstantIsConstant) {
   const Schedule s = Constant{0.25f};
@@ -83,5 +83,5 @@ TEST(OptimSchedule, InvalidLengthsAreRejected) {
   EXPECT_THROW(Schedule(Warmup{-1}.then(Constant{1.f})), Error);
 }
 
-}  // namespace
+}  // namespace test_schedule_cpp
 }  // namespace tg::optim::testing

@@ -14,7 +14,7 @@
 #include "typegrad/typegrad.hpp"
 
 namespace tg::testing {
-namespace {
+namespace test_distill_cpp {  // the file's own names (Note [unity test sources])
 
 constexpr std::int64_t kB = 2, kT = 3, kV = 7;
 
@@ -202,5 +202,5 @@ TEST(Distill, Errors) {
                "cross_entropy: target 7 at position 0 is out of range for the number of classes V = 7");
 }
 
-}  // namespace
+}  // namespace test_distill_cpp
 }  // namespace tg::testing

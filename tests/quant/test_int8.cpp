@@ -16,6 +16,8 @@
 
 #include "../nn/gpt_test_util.hpp"
 
+namespace test_int8_cpp {  // the file's own names (Note [unity test sources])
+
 namespace {
 
 using tg::quant::ActivationScheme;
@@ -242,3 +244,5 @@ TEST(Int8GPT, HostileFilesAreClearErrors) {
 }
 
 }  // namespace
+
+}  // namespace test_int8_cpp

@@ -25,7 +25,7 @@ namespace tg::quant {
 template class Pruner<cuda>;
 }  // namespace tg::quant
 
-namespace {
+namespace test_prune_cpp {  // the file's own names (Note [unity test sources])
 
 using namespace tg;
 using quant::GradualSchedule;
@@ -567,4 +567,4 @@ TEST(PruneCheckpoint, BrokenTwoFourMasksAreErrors) {
   EXPECT_NO_THROW(unstructured.load_masks(three));
 }
 
-}  // namespace
+}  // namespace test_prune_cpp

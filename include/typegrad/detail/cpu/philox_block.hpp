@@ -35,6 +35,10 @@ namespace tg::backend::cpu {
 // definition's (and the GPU's) for every counter, the carry included
 // (OpDb_dropout_behaviour.MaskIsTheDefinitionOverBlocksAndTheCarry). A run that starts inside a counter (a
 // position not a multiple of 4) and the tail run the scalar definition.
+// The rounds are written once (detail_philox::philox_words<L, V>) over the ISA's lane set L (Avx512Lanes,
+// Avx2Lanes: its vector of 32-bit lanes, the carry, the wide products). test_philox_scalar, test_philox_avx2 and
+// test_philox_avx512 (tests/cpu/test_philox_block.cpp) compile this header at each level and check it against the
+// definition, so one AVX-512 machine runs all three paths.
 inline constexpr int kDropoutBlock = 256;
 
 #if defined(TG_PHILOX_AVX512) || defined(TG_PHILOX_AVX2)
@@ -44,41 +48,30 @@ inline constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u, kWeyl0 
 inline __m128i transpose4x4_bytes(__m128i v) {
   return _mm_shuffle_epi8(v, _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
 }
-}  // namespace detail_philox
-#endif
+inline int as_int(std::uint32_t u) { return static_cast<int>(u); }
 
-#if defined(TG_PHILOX_AVX512)
-namespace detail_philox {
-struct Products {
-  __m512i lo, hi;
-};
-/// The low and high words of a·k per 32-bit lane.
-inline Products mul_wide(__m512i a, __m512i k) {
-  const __m512i even = _mm512_mul_epu32(a, k), odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), k);
-  return {_mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32)),
-          _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd)};
-}
-/// The four output words of Philox4x32-10 for the 16·V counters counter0 + [0, 16·V): w[v][j] is word j.
-template <int V>
-inline void words16(std::uint64_t seed, std::uint64_t counter0, __m512i (&w)[V][4]) {
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kMul0)), m1 = _mm512_set1_epi32(static_cast<int>(kMul1));
-  __m512i c0[V], c1[V], c2[V], c3[V];
+/// The four output words of Philox4x32-10 for the L::kLanes·V counters counter0 + [0, L::kLanes·V): w[v][j] is
+/// word j. L is the ISA's lane set (Avx512Lanes, Avx2Lanes below): its 32-bit lanes, the counters' low words
+/// with the carry into the high word, and the 32x32 -> 64 products.
+template <class L, int V>
+inline void philox_words(std::uint64_t seed, std::uint64_t counter0, typename L::Vec (&w)[V][4]) {
+  using Vec = typename L::Vec;
+  const Vec m0 = L::set1(kMul0), m1 = L::set1(kMul1);
+  Vec c0[V], c1[V], c2[V], c3[V];
   for (int v = 0; v < V; ++v) {
-    const std::uint64_t base = counter0 + static_cast<std::uint64_t>(16 * v);
-    const __m512i lo = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(base)));
-    const __m512i hi = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(base >> 32)));
-    c0[v] = _mm512_add_epi32(lo, lane);
-    c1[v] = _mm512_mask_add_epi32(hi, _mm512_cmplt_epu32_mask(c0[v], lo), hi, _mm512_set1_epi32(1));  // the carry
-    c2[v] = c3[v] = _mm512_setzero_si512();
+    const std::uint64_t base = counter0 + static_cast<std::uint64_t>(L::kLanes * v);
+    const Vec lo = L::set1(static_cast<std::uint32_t>(base)), hi = L::set1(static_cast<std::uint32_t>(base >> 32));
+    c0[v] = L::add(lo, L::lane_ids());
+    c1[v] = L::add_carry(hi, lo, c0[v]);
+    c2[v] = c3[v] = L::zero();
   }
   std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
   for (int round = 0; round < 10; ++round) {
-    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0)), key1 = _mm512_set1_epi32(static_cast<int>(k1));
+    const Vec key0 = L::set1(k0), key1 = L::set1(k1);
     for (int v = 0; v < V; ++v) {
-      const Products p0 = mul_wide(c0[v], m0), p1 = mul_wide(c2[v], m1);
-      c0[v] = _mm512_ternarylogic_epi32(p1.hi, c1[v], key0, 0x96);  // hi(p1) ^ c1 ^ key0
-      c2[v] = _mm512_ternarylogic_epi32(p0.hi, c3[v], key1, 0x96);  // hi(p0) ^ c3 ^ key1
+      const typename L::Products p0 = L::mul_wide(c0[v], m0), p1 = L::mul_wide(c2[v], m1);
+      c0[v] = L::xor3(p1.hi, c1[v], key0);
+      c2[v] = L::xor3(p0.hi, c3[v], key1);
       c1[v] = p1.lo;
       c3[v] = p0.lo;
     }
@@ -92,13 +85,40 @@ inline void words16(std::uint64_t seed, std::uint64_t counter0, __m512i (&w)[V][
     w[v][3] = c3[v];
   }
 }
+}  // namespace detail_philox
+#endif
+
+#if defined(TG_PHILOX_AVX512)
+namespace detail_philox {
+struct Avx512Lanes {
+  using Vec = __m512i;
+  static constexpr int kLanes = 16;
+  struct Products {
+    Vec lo, hi;
+  };
+  static Vec set1(std::uint32_t u) { return _mm512_set1_epi32(as_int(u)); }
+  static Vec zero() { return _mm512_setzero_si512(); }
+  static Vec lane_ids() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_epi32(a, b); }
+  /// hi + 1 in the lanes where lo + lane wrapped (sum < lo unsigned), hi elsewhere.
+  static Vec add_carry(Vec hi, Vec lo, Vec sum) {
+    return _mm512_mask_add_epi32(hi, _mm512_cmplt_epu32_mask(sum, lo), hi, _mm512_set1_epi32(1));
+  }
+  /// The low and high words of a·k per 32-bit lane.
+  static Products mul_wide(Vec a, Vec k) {
+    const Vec even = _mm512_mul_epu32(a, k), odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), k);
+    return {_mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32)),
+            _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd)};
+  }
+  static Vec xor3(Vec a, Vec b, Vec c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
+};
 /// uniform_from_bits(w) >= p per lane: (w >> 8) is below 2^24, so its conversion and the scaling are exact.
 inline __mmask16 keep_lanes(__m512i w, __m512 p) {
   const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 8)), _mm512_set1_ps(5.9604644775390625e-8f));
   return _mm512_cmp_ps_mask(u, p, _CMP_GE_OQ);
 }
 /// The keep flags (0 or 1) of the 64 elements of 16 counters' words w[0..3], in element order.
-inline void store_keep64(const __m512i (&w)[4], __m512 p, bool* keep) {
+inline void store_keep(const __m512i (&w)[4], __m512 p, bool* keep) {
   __m128i b[4];  // b[j]: word j's flag per lane
   for (int j = 0; j < 4; ++j) b[j] = _mm_maskz_set1_epi8(keep_lanes(w[j], p), 1);
   // 4 x 16 -> 16 x 4: bytes (lane l, word j) to 4·l + j.
@@ -109,61 +129,42 @@ inline void store_keep64(const __m512i (&w)[4], __m512 p, bool* keep) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(keep + 32), _mm_unpacklo_epi16(t1, t3));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(keep + 48), _mm_unpackhi_epi16(t1, t3));
 }
+using Lanes = Avx512Lanes;
+inline __m512 splat(float p) { return _mm512_set1_ps(p); }
 }  // namespace detail_philox
 #elif defined(TG_PHILOX_AVX2)
 namespace detail_philox {
-struct Products {
-  __m256i lo, hi;
+struct Avx2Lanes {
+  using Vec = __m256i;
+  static constexpr int kLanes = 8;
+  struct Products {
+    Vec lo, hi;
+  };
+  static Vec set1(std::uint32_t u) { return _mm256_set1_epi32(as_int(u)); }
+  static Vec zero() { return _mm256_setzero_si256(); }
+  static Vec lane_ids() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_epi32(a, b); }
+  /// hi + 1 in the lanes where lo + lane wrapped: sum < lo unsigned, compared as signed after flipping the sign
+  /// bits (-1 where it wrapped, subtracted).
+  static Vec add_carry(Vec hi, Vec lo, Vec sum) {
+    const Vec sign = set1(0x80000000u);
+    return _mm256_sub_epi32(hi, _mm256_cmpgt_epi32(_mm256_xor_si256(lo, sign), _mm256_xor_si256(sum, sign)));
+  }
+  /// The low and high words of a·k per 32-bit lane.
+  static Products mul_wide(Vec a, Vec k) {
+    const Vec even = _mm256_mul_epu32(a, k), odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), k);
+    return {_mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA),
+            _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA)};
+  }
+  static Vec xor3(Vec a, Vec b, Vec c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 };
-/// The low and high words of a·k per 32-bit lane.
-inline Products mul_wide(__m256i a, __m256i k) {
-  const __m256i even = _mm256_mul_epu32(a, k), odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), k);
-  return {_mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA), _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA)};
-}
-/// The four output words of Philox4x32-10 for the 8·V counters counter0 + [0, 8·V): w[v][j] is word j.
-template <int V>
-inline void words8(std::uint64_t seed, std::uint64_t counter0, __m256i (&w)[V][4]) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kMul0)), m1 = _mm256_set1_epi32(static_cast<int>(kMul1));
-  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  __m256i c0[V], c1[V], c2[V], c3[V];
-  for (int v = 0; v < V; ++v) {
-    const std::uint64_t base = counter0 + static_cast<std::uint64_t>(8 * v);
-    const __m256i lo = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(base)));
-    const __m256i hi = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(base >> 32)));
-    c0[v] = _mm256_add_epi32(lo, lane);
-    // the carry: lo + lane wrapped iff (lo + lane) < lo unsigned, compared as signed after flipping the sign bits
-    const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(lo, sign), _mm256_xor_si256(c0[v], sign));  // -1 where it wrapped
-    c1[v] = _mm256_sub_epi32(hi, wrapped);
-    c2[v] = c3[v] = _mm256_setzero_si256();
-  }
-  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0)), key1 = _mm256_set1_epi32(static_cast<int>(k1));
-    for (int v = 0; v < V; ++v) {
-      const Products p0 = mul_wide(c0[v], m0), p1 = mul_wide(c2[v], m1);
-      c0[v] = _mm256_xor_si256(_mm256_xor_si256(p1.hi, c1[v]), key0);
-      c2[v] = _mm256_xor_si256(_mm256_xor_si256(p0.hi, c3[v]), key1);
-      c1[v] = p1.lo;
-      c3[v] = p0.lo;
-    }
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  for (int v = 0; v < V; ++v) {
-    w[v][0] = c0[v];
-    w[v][1] = c1[v];
-    w[v][2] = c2[v];
-    w[v][3] = c3[v];
-  }
-}
 /// uniform_from_bits(w) >= p per lane as 0 / -1: (w >> 8) is below 2^24, so its conversion and the scaling are exact.
 inline __m256i keep_lanes(__m256i w, __m256 p) {
   const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), _mm256_set1_ps(5.9604644775390625e-8f));
   return _mm256_castps_si256(_mm256_cmp_ps(u, p, _CMP_GE_OQ));
 }
 /// The keep flags (0 or 1) of the 32 elements of 8 counters' words w[0..3], in element order.
-inline void store_keep32(const __m256i (&w)[4], __m256 p, bool* keep) {
+inline void store_keep(const __m256i (&w)[4], __m256 p, bool* keep) {
   // Packing narrows within each 128-bit half: the low half holds lanes 0-3 as bytes 4·j + l, the high half
   // lanes 4-7 likewise; the transpose makes each half 4·l + j.
   const __m256i w01 = _mm256_packs_epi32(keep_lanes(w[0], p), keep_lanes(w[1], p));
@@ -172,6 +173,8 @@ inline void store_keep32(const __m256i (&w)[4], __m256 p, bool* keep) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(keep), transpose4x4_bytes(_mm256_castsi256_si128(bytes)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(keep + 16), transpose4x4_bytes(_mm256_extracti128_si256(bytes, 1)));
 }
+using Lanes = Avx2Lanes;
+inline __m256 splat(float p) { return _mm256_set1_ps(p); }
 }  // namespace detail_philox
 #endif
 
@@ -183,32 +186,19 @@ inline void dropout_keep_block(std::uint64_t seed, std::uint64_t position, int n
   // The scalar definition up to the next counter's first word, then whole counters in vectors.
   for (const int head = std::min<int>(n, static_cast<int>((4 - position % 4) % 4)); i < head; ++i)
     keep[i] = math::dropout_keep(tg::detail::dropout_uniform(seed, position + static_cast<std::uint64_t>(i)), p);
-#endif
-#if defined(TG_PHILOX_AVX512)
-  const __m512 pv = _mm512_set1_ps(p);
-  for (; i + 128 <= n; i += 128) {
-    __m512i w[2][4];
-    detail_philox::words16<2>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
-    detail_philox::store_keep64(w[0], pv, keep + i);
-    detail_philox::store_keep64(w[1], pv, keep + i + 64);
+  using L = detail_philox::Lanes;
+  constexpr int kElems = 4 * L::kLanes;  // the elements of one vector of counters
+  const auto pv = detail_philox::splat(p);
+  for (; i + 2 * kElems <= n; i += 2 * kElems) {
+    L::Vec w[2][4];
+    detail_philox::philox_words<L, 2>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
+    detail_philox::store_keep(w[0], pv, keep + i);
+    detail_philox::store_keep(w[1], pv, keep + i + kElems);
   }
-  for (; i + 64 <= n; i += 64) {
-    __m512i w[1][4];
-    detail_philox::words16<1>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
-    detail_philox::store_keep64(w[0], pv, keep + i);
-  }
-#elif defined(TG_PHILOX_AVX2)
-  const __m256 pv = _mm256_set1_ps(p);
-  for (; i + 64 <= n; i += 64) {
-    __m256i w[2][4];
-    detail_philox::words8<2>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
-    detail_philox::store_keep32(w[0], pv, keep + i);
-    detail_philox::store_keep32(w[1], pv, keep + i + 32);
-  }
-  for (; i + 32 <= n; i += 32) {
-    __m256i w[1][4];
-    detail_philox::words8<1>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
-    detail_philox::store_keep32(w[0], pv, keep + i);
+  for (; i + kElems <= n; i += kElems) {
+    L::Vec w[1][4];
+    detail_philox::philox_words<L, 1>(seed, (position + static_cast<std::uint64_t>(i)) / 4, w);
+    detail_philox::store_keep(w[0], pv, keep + i);
   }
 #endif
   // The rest: one Philox block per four words.
