@@ -85,20 +85,8 @@ __global__ void embedding_forward_kernel(const T* w, const std::int64_t* idx, T*
     out[t] = w[idx[i] * C + j];
   }
 }
-/// Row v of dw sums dout over positions order[start[v] .. start[v+1]) (ascending position order).
-template <class T>
-__global__ void embedding_backward_kernel(const T* dout, const std::int64_t* start, const std::int64_t* order, T* dw,
-                                          std::int64_t V, std::int64_t C) {
-  using A = acc_t<T>;
-  for (std::int64_t v = blockIdx.x; v < V; v += gridDim.x) {
-    const std::int64_t p0 = start[v], p1 = start[v + 1];
-    for (std::int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      A acc = 0;
-      for (std::int64_t p = p0; p < p1; ++p) acc += scalar_cast<A>(dout[order[p] * C + j]);
-      dw[v * C + j] = scalar_cast<T>(acc);
-    }
-  }
-}
+// The device sort of the positions by id and the row sums (Note [embedding rows sorted on the device]).
+#include "embedding_order.cuh"
 
 // ---- cross-entropy -------------------------------------------------------------------------------------------
 template <class T>
@@ -299,19 +287,35 @@ void embedding_forward(const T* w, const std::int64_t* idx, T* out, std::int64_t
 template <class T>
 void embedding_backward(const T* dout, const std::int64_t* idx, T* dw, std::int64_t n, std::int64_t V, std::int64_t C) {
   if (V * C == 0) return;
-  // Counting sort of positions by index on the host (stable: ascending position within an index), the
-  // CPU kernel's order; the GPU then sums each row of dw in that order.
-  std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(idx[i] + 1)];
-  for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
-  {
-    std::vector<std::int64_t> pos(start.begin(), start.end() - 1);
-    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(pos[static_cast<std::size_t>(idx[i])]++)] = i;
+  TG_CHECK(n < (std::int64_t{1} << 31), "embedding backward on the GPU: ", n, " positions (at most 2^31 - 1)");
+  // The positions sorted by id on the device (Note [embedding rows sorted on the device]); the ids uploaded again.
+  const std::int64_t chunks = (n + kOrderChunk - 1) / kOrderChunk;
+  const std::size_t nb = static_cast<std::size_t>(n) * sizeof(std::int64_t);
+  detail::Workspace wi(nb), wk0(nb), wv0(nb), wk1(nb), wv1(nb);
+  detail::Workspace wc(static_cast<std::size_t>(kOrderBuckets * chunks) * sizeof(int));
+  detail::Workspace ws(static_cast<std::size_t>(V + 1) * sizeof(std::int64_t));
+  const std::int64_t* keys = n > 0 ? detail::upload(wi, idx, n) : nullptr;
+  const std::int64_t* vals = nullptr;
+  std::int64_t* const kout[2] = {wk0.as<std::int64_t>(), wk1.as<std::int64_t>()};
+  std::int64_t* const vout[2] = {wv0.as<std::int64_t>(), wv1.as<std::int64_t>()};
+  int* const counts = wc.as<int>();
+  const int passes = n > 0 ? order_passes(V) : 0;
+  for (int p = 0; p < passes; ++p) {
+    const int shift = p * kOrderBits;
+    order_count_kernel<<<static_cast<unsigned>(chunks), kOrderChunk, 0, detail::stream()>>>(keys, n, shift, counts, chunks);
+    TG_CUDA_LAUNCHED();
+    order_scan_kernel<<<1, kOrderScanThreads, 0, detail::stream()>>>(counts, kOrderBuckets * chunks);
+    TG_CUDA_LAUNCHED();
+    order_scatter_kernel<<<static_cast<unsigned>(chunks), kOrderChunk, 0, detail::stream()>>>(
+        keys, vals, n, shift, counts, chunks, kout[p % 2], vout[p % 2]);
+    TG_CUDA_LAUNCHED();
+    keys = kout[p % 2];
+    vals = vout[p % 2];
   }
-  detail::Workspace ws(static_cast<std::size_t>(V + 1) * sizeof(std::int64_t)), wo(static_cast<std::size_t>(n) * sizeof(std::int64_t));
-  const std::int64_t* dstart = detail::upload(ws, start.data(), V + 1);
-  const std::int64_t* dorder = detail::upload(wo, order.data(), n);
-  embedding_backward_kernel<T><<<row_blocks(V), detail::row_threads(C), 0, detail::stream()>>>(dout, dstart, dorder, dw, V, C);
+  std::int64_t* const start = ws.as<std::int64_t>();
+  order_start_kernel<<<detail::grid_for(V + 1), kThreads, 0, detail::stream()>>>(keys, n, start, V);
+  TG_CUDA_LAUNCHED();
+  embedding_backward_kernel<T><<<row_blocks(V), detail::row_threads(C), 0, detail::stream()>>>(dout, start, vals, dw, V, C);
   TG_CUDA_LAUNCHED();
 }
 

@@ -2,10 +2,12 @@
 // add + LayerNorm over 16-byte packs (backends/cuda/norm_forward.cuh, Note [norm forward in packs]), the one-pass
 // norm backward and the dweight / dbias column sums (norm_backward.cuh, Note [one-pass norm backward]; the
 // two-kernel path's column sums too), and the packed cross-entropy forward and backward (cross_entropy_packed.cuh,
-// Note [cross-entropy in one pass over 16-byte packs]). Their bodies are compiled unchanged as host code
-// (TG_ROWS_EMULATED leaves out norm_forward.cuh's CUDA side), each block as real threads (blocks one after
-// another), on the grids and block sizes the launchers in nn.cu and add_layernorm.cu would choose (4 blocks per SM
-// of an H100's 132 for the one-pass backward), and on shorter grids, so that each warp or block takes several rows.
+// Note [cross-entropy in one pass over 16-byte packs]), and the embedding backward's sort of the positions by id
+// and its row sums (embedding_order.cuh, Note [embedding rows sorted on the device]). Their bodies are compiled
+// unchanged as host code (TG_ROWS_EMULATED leaves out norm_forward.cuh's CUDA side), each block as real threads
+// (blocks one after another), on the grids and block sizes the launchers in nn.cu and add_layernorm.cu would choose
+// (4 blocks per SM of an H100's 132 for the one-pass backward), and on shorter grids, so that each warp or block
+// takes several rows.
 // Emulated: threadIdx / blockIdx / blockDim / gridDim; __syncthreads and __syncwarp as barriers; __shfl_xor_sync
 // through a warp's slots; the dynamic shared array as a buffer filled with NaN before each block, and the static
 // __shared__ arrays as function-local statics (one per kernel instantiation, which the running block's threads
@@ -87,6 +89,7 @@ alignas(16) unsigned char norm_smem[kSmemBytes];  // the fused backward's extern
 #undef __shared__
 #define __shared__ static  // one array per kernel instantiation, shared by the threads of the running block
 #include "cross_entropy_packed.cuh"
+#include "embedding_order.cuh"
 #undef __shared__
 }  // namespace
 }  // namespace tg::backend::cuda
@@ -820,6 +823,131 @@ TEST(RowsEmulated, CrossEntropyShortGridAndAllIgnored) {
   cross_entropy_backward_case<fp16>(4, 100, 104, 104, false, 0, true);
 }
 
+// ---- the embedding backward: the positions sorted by id on the device ---------------------------------------------
+// Note [embedding rows sorted on the device]: the launcher's sequence (nn.cu's embedding_backward) with its shapes:
+// per pass order_count and order_scatter on one block of kOrderChunk threads per chunk, order_scan on one block of
+// kOrderScanThreads; then order_start on grid_for(V + 1) blocks and the row sums on row_blocks(V) blocks of
+// row_threads(C). The result must be the CPU's counting sort exactly (start and order) and the rows of dw the
+// ascending-position sums rounded once, bit for bit.
+struct SortedRows {
+  std::vector<i64> start, order;
+};
+/// The CPU kernel's stable counting sort (backends/cpu/nn.cpp).
+SortedRows counting_sort(const std::vector<i64>& idx, i64 V) {
+  SortedRows r{std::vector<i64>(static_cast<std::size_t>(V + 1), 0), std::vector<i64>(idx.size())};
+  for (const i64 v : idx) ++r.start[static_cast<std::size_t>(v + 1)];
+  for (i64 v = 0; v < V; ++v) r.start[static_cast<std::size_t>(v + 1)] += r.start[static_cast<std::size_t>(v)];
+  std::vector<i64> pos(r.start.begin(), r.start.end() - 1);
+  for (std::size_t i = 0; i < idx.size(); ++i) r.order[static_cast<std::size_t>(pos[static_cast<std::size_t>(idx[i])]++)] = static_cast<i64>(i);
+  return r;
+}
+/// The device sort of `idx` as the launcher runs it; every scratch buffer with guards, checked after.
+SortedRows device_sort(const std::vector<i64>& idx, i64 V) {
+  const i64 n = static_cast<i64>(idx.size());
+  const i64 chunks = (n + cu::kOrderChunk - 1) / cu::kOrderChunk;
+  const std::size_t un = static_cast<std::size_t>(n);
+  Buf<i64> keys_in(un, kOutputFill), k0(un, kOutputFill), v0(un, kOutputFill), k1(un, kOutputFill), v1(un, kOutputFill);
+  Buf<int> counts(static_cast<std::size_t>(cu::kOrderBuckets * chunks), kOutputFill);
+  Buf<i64> start(static_cast<std::size_t>(V + 1), kOutputFill);
+  std::copy(idx.begin(), idx.end(), keys_in.data());
+  const i64* keys = keys_in.data();
+  const i64* vals = nullptr;
+  i64* const kout[2] = {k0.data(), k1.data()};
+  i64* const vout[2] = {v0.data(), v1.data()};
+  const int passes = n > 0 ? cu::order_passes(V) : 0;
+  for (int p = 0; p < passes; ++p) {
+    const int shift = p * cu::kOrderBits;
+    launch_threads(chunks, cu::kOrderChunk, [&] { cu::order_count_kernel(keys, n, shift, counts.data(), chunks); });
+    launch_threads(1, cu::kOrderScanThreads, [&] { cu::order_scan_kernel(counts.data(), cu::kOrderBuckets * chunks); });
+    launch_threads(chunks, cu::kOrderChunk, [&] {
+      cu::order_scatter_kernel(keys, vals, n, shift, counts.data(), chunks, kout[p % 2], vout[p % 2]);
+    });
+    keys = kout[p % 2];
+    vals = vout[p % 2];
+  }
+  launch_sequential(grid_for(V + 1), 256, [&] { cu::order_start_kernel(keys, n, start.data(), V); });
+  EXPECT_TRUE(keys_in.guards_intact() && k0.guards_intact() && v0.guards_intact() && k1.guards_intact() &&
+              v1.guards_intact() && counts.guards_intact() && start.guards_intact())
+      << "a sort kernel wrote outside its buffers (n " << n << ", V " << V << ")";
+  SortedRows r{std::vector<i64>(start.data(), start.data() + V + 1), {}};
+  if (n > 0) r.order.assign(vals, vals + n);
+  return r;
+}
+enum class Ids { uniform, one, skewed, ends };
+std::vector<i64> make_ids(i64 n, i64 V, Ids kind, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<i64> idx(static_cast<std::size_t>(n));
+  for (auto& v : idx) {
+    const i64 u = static_cast<i64>(rng() % static_cast<std::uint64_t>(V));
+    switch (kind) {
+      case Ids::uniform: v = u; break;
+      case Ids::one: v = V / 2; break;
+      case Ids::skewed: v = u % 3 == 0 ? u : (u % 7) * (V / 7); break;  // a few ids hold two thirds of the positions
+      case Ids::ends: v = u % 2 == 0 ? 0 : V - 1; break;
+    }
+  }
+  return idx;
+}
+void embedding_sort_case(i64 n, i64 V, Ids kind, unsigned seed = 7) {
+  const std::vector<i64> idx = make_ids(n, V, kind, seed);
+  const SortedRows want = counting_sort(idx, V), got = device_sort(idx, V);
+  EXPECT_EQ(got.start, want.start) << "row starts, n " << n << ", V " << V << ", ids " << static_cast<int>(kind);
+  EXPECT_EQ(got.order, want.order) << "positions, n " << n << ", V " << V << ", ids " << static_cast<int>(kind);
+}
+
+TEST(RowsEmulated, EmbeddingOrderIsTheCountingSort) {
+  EXPECT_EQ(cu::order_passes(1), 1);
+  EXPECT_EQ(cu::order_passes(256), 1);
+  EXPECT_EQ(cu::order_passes(257), 2);
+  EXPECT_EQ(cu::order_passes(50304), 2);
+  EXPECT_EQ(cu::order_passes(65536), 2);
+  EXPECT_EQ(cu::order_passes(65537), 3);
+  for (const i64 n : {0, 1, 255, 256, 257, 1000}) {
+    embedding_sort_case(n, 1, Ids::uniform);
+    embedding_sort_case(n, 256, Ids::uniform);
+    embedding_sort_case(n, 257, Ids::ends);
+  }
+  embedding_sort_case(4097, 50304, Ids::uniform);  // GPT-2's padded vocabulary: two passes, 17 chunks
+  embedding_sort_case(4097, 50304, Ids::skewed);
+  embedding_sort_case(3000, 50304, Ids::one);       // every position one id: a chunk's ranks run to 255
+  embedding_sort_case(1500, 70000, Ids::uniform);   // three passes
+  embedding_sort_case(1500, 70000, Ids::ends);
+}
+
+/// dw of the row-sum kernel over the device order against the ascending-position sums in acc_t<T>, bit for bit.
+template <class T>
+void embedding_backward_case(i64 n, i64 V, i64 C, Ids kind, unsigned seed = 9) {
+  using A = acc_t<T>;
+  const std::vector<i64> idx = make_ids(n, V, kind, seed);
+  const SortedRows s = device_sort(idx, V);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-2.0, 2.0);
+  Buf<T> dout(static_cast<std::size_t>(n * C), kInputFill), dw(static_cast<std::size_t>(V * C), kOutputFill);
+  for (i64 i = 0; i < n * C; ++i) dout[static_cast<std::size_t>(i)] = scalar_cast<T>(u(rng));
+  const i64* order = s.order.empty() ? nullptr : s.order.data();
+  launch_sequential(row_blocks(V), row_threads(C),
+                    [&] { cu::embedding_backward_kernel<T>(dout.data(), s.start.data(), order, dw.data(), V, C); });
+  std::vector<A> acc(static_cast<std::size_t>(V * C), A(0));
+  for (i64 i = 0; i < n; ++i)  // ascending positions: each row's own order
+    for (i64 j = 0; j < C; ++j)
+      acc[static_cast<std::size_t>(idx[static_cast<std::size_t>(i)] * C + j)] += scalar_cast<A>(dout[static_cast<std::size_t>(i * C + j)]);
+  i64 bad = 0;
+  for (i64 e = 0; e < V * C; ++e)
+    if (!same_bits(dw[static_cast<std::size_t>(e)], scalar_cast<T>(acc[static_cast<std::size_t>(e)])) && bad++ < 5)
+      ADD_FAILURE() << "dw[" << e / C << ", " << e % C << "] = " << dbl(dw[static_cast<std::size_t>(e)]) << ", want "
+                    << dbl(scalar_cast<T>(acc[static_cast<std::size_t>(e)]));
+  EXPECT_EQ(bad, 0) << "n " << n << ", V " << V << ", C " << C;
+  EXPECT_TRUE(dw.guards_intact() && dout.guards_intact());
+}
+TEST(RowsEmulated, EmbeddingBackwardSumsInPositionOrder) {
+  embedding_backward_case<float>(1000, 300, 768, Ids::skewed);
+  embedding_backward_case<bf16>(1000, 300, 768, Ids::skewed);
+  embedding_backward_case<fp16>(777, 257, 100, Ids::ends);
+  embedding_backward_case<double>(300, 1, 33, Ids::uniform);
+  embedding_backward_case<bf16>(2048, 50304, 8, Ids::uniform);  // most rows have no position: written zero
+  embedding_backward_case<float>(0, 40, 16, Ids::uniform);      // no position at all: dw zero
+}
+
 // Shared memory under the late-warp schedule (see block_barrier): the fused backward's gather of the warps' column
 // slices, and the cross-entropy forward's shared (max, sum) pairs reused by a block's next row.
 class LateWarp {
@@ -834,6 +962,7 @@ TEST(RowsEmulated, LateWarpSchedules) {
     norm_backward_case<float>(true, 13, 132, {}, 1);
     cross_entropy_forward_case<bf16>(9, 50257, 50304, true, 2);
     cross_entropy_forward_case<float>(9, 700, 704, true, 4);
+    embedding_sort_case(600, 50304, Ids::skewed);  // the digits in shared memory; order_scan's partial sums
   }
 }
 

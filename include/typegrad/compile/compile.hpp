@@ -144,8 +144,9 @@ class ObserverScope {
 // backends' signatures are one list, Note [kernels declared once]), so the CPU report is the GPU step's,
 // except for what a backend does inside a kernel call: the CUDA launchers upload host data at each launch
 // through recycled staging blocks (the multi-tensor pointer tables, the same every step; the token ids and
-// targets, which train::TrainStep keeps at fixed host addresses under a device boundary; the embedding
-// backward's row order, computed on the host), which a graph would have to own. A GPU step's report shows them:
+// targets, which train::TrainStep keeps at fixed host addresses under a device boundary, and which the embedding
+// backward uploads again to sort on the device: Note [embedding rows sorted on the device]), which a graph would
+// have to own. A GPU step's report shows them:
 // the CUDA runtime reports each upload with the staging block it reads (a graph's copy node bakes its address in),
 // an upload that waits for its copy and every download as reads. The step inputs a device boundary uploads at
 // its start and the one read at its end are a graph's prelude and epilogue, not watched. train::TrainStep with
