@@ -3,6 +3,7 @@
 // One free list per device and stream (Note [CUDA streams]): a block goes back to the list of the device and
 // stream that were current when it was allocated, and an allocation takes blocks only from its current
 // device's and stream's list (the legacy default stream is one handle on every device).
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <mutex>
@@ -35,14 +36,19 @@ class CachingDeviceAllocator final : public Allocator {
       free.erase(it);
     } else {
       cudaError_t st = cudaMalloc(&p, size);
+      const char* note = "";
       if (st == cudaErrorMemoryAllocation) {  // return the cache to the driver and retry once
         (void)cudaGetLastError();
-        release_cache_locked();
-        st = cudaMalloc(&p, size);
+        if (!capturing_now()) {
+          release_cache_locked();
+          st = cudaMalloc(&p, size);
+        } else {  // returning the cache synchronizes the device, which would invalidate the capture
+          note = "; inside a CUDA graph's capture, where the cache cannot be returned to the driver";
+        }
       }
       if (st != cudaSuccess)
         throw Error("cuda allocator: cudaMalloc of ", size, " bytes failed: ", cudaGetErrorString(st), " (",
-                    stats_.bytes_in_use, " bytes in use, ", stats_.bytes_reserved, " reserved)");
+                    stats_.bytes_in_use, " bytes in use, ", stats_.bytes_reserved, " reserved", note, ")");
       ++stats_.system_allocations;
       stats_.bytes_reserved += static_cast<std::int64_t>(size);
     }
@@ -70,6 +76,9 @@ class CachingDeviceAllocator final : public Allocator {
   }
   void empty_cache() override {
     std::lock_guard lock(mu_);
+    if (std::all_of(free_.begin(), free_.end(), [](const auto& f) { return f.second.empty(); })) return;  // nothing cached
+    TG_CHECK(!capturing_now(), "cuda allocator: empty_cache() inside a CUDA graph's capture (it synchronizes the device, "
+             "which would invalidate the capture): call it outside the compiled step");
     release_cache_locked();
   }
   std::string name() const override { return "cuda caching allocator"; }
@@ -81,11 +90,24 @@ class CachingDeviceAllocator final : public Allocator {
     TG_CUDA_CHECK(cudaGetDevice(&d));
     return d;
   }
+  /// Whether the calling thread's stream is being captured into a CUDA graph (Note [CUDA graphs of a step]); a
+  /// stream whose status cannot be asked counts as captured (nothing that would synchronize the device runs then).
+  static bool capturing_now() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(backend::cuda::current_stream()), &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
   void release_cache_locked() {
     // A free block may still be read or written by work queued before it was freed (its stream's later
     // allocations are ordered after that work; cudaFree is not documented to wait for it): each device
     // with cached blocks finishes its work first.
-    const int current = current_device();
+    struct RestoreDevice {  // the caller's device on every way out, a failed synchronization's included
+      int device;
+      ~RestoreDevice() { (void)cudaSetDevice(device); }
+    } const restore{current_device()};
     int synced = -1;
     for (auto& [key, free] : free_) {
       if (free.empty()) continue;
@@ -102,7 +124,6 @@ class CachingDeviceAllocator final : public Allocator {
       }
     }
     free_.clear();
-    TG_CUDA_CHECK(cudaSetDevice(current));
   }
   struct Block {
     std::size_t size;

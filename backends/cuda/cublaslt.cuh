@@ -44,6 +44,12 @@ class LtAlgoCache {
     result = it->second.result;
     found = it->second.found;
   }
+  /// After the algorithm kept for `key` declined at cublasLtMatmul (lt_run_declined): the answer becomes "no
+  /// algorithm", so later calls of the configuration take the fallback at once instead of failing again.
+  void decline(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answers_[key] = Answer{cublasLtMatmulHeuristicResult_t{}, 0};
+  }
 
  private:
   struct Answer {
@@ -59,6 +65,14 @@ class LtAlgoCache {
 inline bool ask_status(cublasStatus_t st, int& found) {
   if (st != CUBLAS_STATUS_SUCCESS) found = 0;
   return st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+/// Whether cublasLtMatmul's status says the heuristic's algorithm declined the call before running it (nothing
+/// written): cublasLt.h's "doesn't fully guarantee algo will run (will fail if e.g. buffers are not correctly
+/// aligned)". The caller then takes its fallback (cuBLAS, the composite, the plain int8 kernel) and tells the
+/// cache (LtAlgoCache::decline). Any other failure is an error.
+inline bool lt_run_declined(cublasStatus_t st) {
+  return st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_ARCH_MISMATCH;
 }
 
 }  // namespace tg::backend::cuda::detail

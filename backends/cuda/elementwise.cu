@@ -18,7 +18,7 @@ namespace {
 // The kernels and the vector maps' element functions.
 #include "elementwise_kernels.cuh"
 
-bool contiguous(const Shape& sizes, const Shape& strides) { return strides == contiguous_strides(sizes); }
+bool contiguous(const Shape& sizes, const Shape& strides) { return detail::dense_layout(sizes, strides); }
 
 }  // namespace
 
@@ -47,8 +47,8 @@ template <class T>
 void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shape& sb, T* out, const Shape& out_shape) {
   const std::int64_t n = out_shape.numel();
   if (n == 0) return;
-  const Shape dense = contiguous_strides(out_shape);
-  if (sa == dense && sb == dense && detail::vector_map_fits(out, a, b)) return detail::vector_map(BinaryFn<T>{op}, out, n, a, b);
+  if (contiguous(out_shape, sa) && contiguous(out_shape, sb) && detail::vector_map_fits(out, a, b))
+    return detail::vector_map(BinaryFn<T>{op}, out, n, a, b);
   binary_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
   TG_CUDA_LAUNCHED();
 }

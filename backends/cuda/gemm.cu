@@ -122,7 +122,10 @@ struct Epilogue {
 // few hundred GEMM configurations every step. The key holds every input of the descriptors and preferences
 // (types, ops, sizes, leading dims, batch strides and count, operand alignments, the epilogue and the
 // alignments of the bias and aux pointers the heuristic inspects, the aux ld), so a cached algorithm is
-// exactly the heuristic's answer for that call.
+// exactly the heuristic's answer for that call. An algorithm that declines when run (cublasLtMatmul's "not
+// supported", "invalid value" or "arch mismatch": detail::lt_run_declined; nothing is written) is replaced by "no
+// algorithm", so that configuration takes the cuBLAS path (or, for an epilogue, the caller's composite) from then
+// on, instead of throwing.
 using AlgoCache = detail::LtAlgoCache<22>;
 AlgoCache& algo_cache() {
   static AlgoCache cache;
@@ -331,9 +334,11 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
   const void* bias_attr = ep && ep->kind != Kind::gelu_aux ? ep->bias_grad : bias;
   const bool uses_aux = ep && ep->kind != Kind::bgradb;
   if (!broadcast_batch) {
-    const std::uint32_t al1 = alignment(b, g.sb * static_cast<std::int64_t>(sizeof(T))),
-                        al2 = alignment(a, g.sa * static_cast<std::int64_t>(sizeof(T))),
-                        alc = alignment(c, g.sc * static_cast<std::int64_t>(sizeof(TC)));
+    // A batch stride counts only where there is a second matrix (an odd stride of a single product, which the
+    // attention's one-head calls pass, would otherwise keep the heuristic from its 16-byte kernels).
+    const auto stride_bytes = [&](std::int64_t s, std::size_t size) { return g.batch > 1 ? s * static_cast<std::int64_t>(size) : 0; };
+    const std::uint32_t al1 = alignment(b, stride_bytes(g.sb, sizeof(T))), al2 = alignment(a, stride_bytes(g.sa, sizeof(T))),
+                        alc = alignment(c, stride_bytes(g.sc, sizeof(TC)));
     // The heuristic's answer depends only on the descriptors and alignments, so it is asked once per
     // configuration (Note [cached GEMM algorithms]), and the descriptors are kept under the same key (Note
     // [cached GEMM descriptors]). "No algorithm" is an answer here, not an error: the cuBLAS path below takes
@@ -383,9 +388,15 @@ bool run_gemm(const Gemm& g, const T* a, const T* b, TC* c, double alpha, double
       TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc));
       return detail::ask_status(cublasLtMatmulAlgoGetHeuristic(h.lt, d.desc, d.l1, d.l2, d.lc, d.lc, pref, 1, &r, &f), f);
     });
-    if (found > 0)
-      TG_CUBLAS_CHECK(cublasLtMatmul(h.lt, d.desc, alpha_p, b, d.l1, a, d.l2, beta_p, c, d.lc, c, d.lc, &result.algo,
-                                     workspace_for(stream), kLtWorkspace, stream));
+    if (found > 0) {
+      const cublasStatus_t st = cublasLtMatmul(h.lt, d.desc, alpha_p, b, d.l1, a, d.l2, beta_p, c, d.lc, c, d.lc,
+                                               &result.algo, workspace_for(stream), kLtWorkspace, stream);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        if (!detail::lt_run_declined(st)) TG_CUBLAS_CHECK(st);
+        algo_cache().decline(key);  // nothing was written: the paths below, for this call and the next
+        found = 0;
+      }
+    }
   }
   if (found > 0) return true;
   if (ep) return false;  // cuBLAS has no such epilogue: the caller runs the composite

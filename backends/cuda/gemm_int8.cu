@@ -176,9 +176,12 @@ bool lt_gemm_tn(i64 Np, i64 M, i64 Kp, const std::int8_t* W, i64 ldw, const std:
   std::optional<detail::Workspace> ws;
   if (result.workspaceSize > 0) ws.emplace(result.workspaceSize);  // cudaMalloc'd blocks: 256-byte aligned
   const std::int32_t alpha = 1, beta = 0;  // scale type CUDA_R_32I, host pointer mode
-  TG_CUBLAS_CHECK(cublasLtMatmul(h, d.desc, &alpha, W, d.lw, A, d.la, &beta, C, d.lc, C, d.lc, &result.algo,
-                                 ws ? ws->as<void>() : nullptr, result.workspaceSize, stream));
-  return true;
+  const cublasStatus_t st = cublasLtMatmul(h, d.desc, &alpha, W, d.lw, A, d.la, &beta, C, d.lc, C, d.lc, &result.algo,
+                                           ws ? ws->as<void>() : nullptr, result.workspaceSize, stream);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  if (!detail::lt_run_declined(st)) TG_CUBLAS_CHECK(st);
+  algo_cache().decline(key);  // the algorithm declined (nothing written): the plain kernel, now and next time
+  return false;
 }
 
 i64 round_up(i64 v, i64 q) { return (v + q - 1) / q * q; }

@@ -121,7 +121,15 @@ class NcclCommunicator final : public Communicator {
         if (!outcomes[r].empty()) failed += "\n  rank " + std::to_string(r) + ": " + outcomes[r];
       TG_CHECK(failed.empty(), "dist: the NCCL communicator was not set up, because ranks failed before it:", failed);
       bootstrap.broadcast(Buffer{&id, static_cast<std::int64_t>(sizeof id), DType::u8, DeviceKind::cpu}, 0);
-      TG_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+      // ncclCommInitRank waits for every rank: one that fails inside it leaves the others waiting in NCCL's
+      // bootstrap, which has no timeout, so a failure there ends every rank (a world of one throws).
+      if (const ncclResult_t init = ncclCommInitRank(&comm_, size_, id, rank_); init != ncclSuccess) {
+        comm_ = nullptr;
+        const std::string why = std::string("ncclCommInitRank failed on rank ") + std::to_string(rank_) + ": " +
+                                ncclGetErrorString(init) + " (" + ncclGetLastError(nullptr) + ")";
+        if (size_ > 1) communication_failed(bootstrap, "the NCCL communicator was not set up: " + why);
+        throw Error("dist: ", why);
+      }
     } catch (...) {
       release();
       throw;
@@ -231,16 +239,14 @@ class NcclCommunicator final : public Communicator {
     return e;
   }
   void barrier() override {
+    check_device("barrier", Buffer{barrier_, 1, DType::i32, DeviceKind::cuda});
     issue("barrier", [&] { TG_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_)); }).wait();
   }
 
-  /// Ends the process after `what` (a timeout, or an error of CUDA or of NCCL): aborts the NCCL communicator
-  /// first, so its kernels stop instead of waiting for a peer that is gone.
-  [[noreturn]] void fail(const std::string& what) {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    communication_failed(*this, what);
-  }
+  /// Ends the process after `what` (a timeout, or an error of CUDA or of NCCL). The NCCL communicator is not
+  /// aborted first: ncclCommAbort joins NCCL's threads and synchronizes its streams, which can itself wait for a
+  /// peer that is gone, while ending the process (MPI_Abort) tears down the CUDA context and its kernels anyway.
+  [[noreturn]] void fail(const std::string& what) { communication_failed(*this, what); }
   /// NCCL's error from its background checks (a peer or the network gone), ncclSuccess while there is none.
   ncclResult_t async_error() const {
     ncclResult_t e = ncclSuccess;

@@ -29,15 +29,20 @@ namespace tg::backend::cuda {
 // two `extern "C"` kernels: tg_pw_fwd (one output) and tg_pw_bwd (one gradient per input over the output's
 // shape, from the output's gradient). The expression's literals are a table in the launch arguments (L[k]),
 // not text, so an expression whose constants change from step to step (a temperature, a schedule's factor)
-// compiles once; past 16 literals the rest are written as their exact bits. NVRTC compiles the unit for the
-// current GPU's architecture and both kernels are loaded at the forward's first call, so a backward never
-// meets a load failure; the result, or the failure, is cached by source and device for the process. Any
-// failure (NVRTC, the library load, the launch) is returned, not thrown: the op then runs as tensor ops, which
-// compute the same function. sigmoid and relu have math::apply's forms (sigmoid as e^x / (1 + e^x) below 0, so it
+// compiles once; past 16 literals the rest are written as their exact bits. NVRTC compiles the unit to a cubin
+// for the current GPU's architecture (or the nearest earlier one of its major that this NVRTC knows; for a GPU
+// newer than the toolkit, to PTX that the driver compiles), and both kernels are loaded into the context at the
+// forward's first call (their attributes asked, which lazy module loading counts as a use), so a backward never
+// meets a load failure; the result, or the failure, is cached by source and device for the process. A failure
+// to compile, load or launch is returned, not thrown: the op then runs as tensor ops, which compute the same
+// function. What the launch watch throws (a compiled step's checks, a CUDA graph's failed stretch) and a launch
+// that fails inside a graph's capture are the step's errors, thrown as for any kernel. sigmoid and relu have math::apply's forms (sigmoid as e^x / (1 + e^x) below 0, so it
 // does not underflow early; relu passes NaN and -0 through), as the CPU's f_sigmoid / f_relu and the tensor ops, so
 // a chain of the fusion rewrite (Note [fusion rewrites]) computes what its separate ops compute.
 
 namespace {
+
+constexpr int kPointwiseThreads = 256;  // a launch's block
 
 const char* kPrelude = R"(
 typedef long long i64;
@@ -129,6 +134,10 @@ void check_nvrtc(nvrtcResult r, const char* what) {
 std::string compile(const std::string& source, const std::string& arch, bool cubin) {
   nvrtcProgram prog = nullptr;
   check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), "tg_pointwise.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
+  struct Destroy {  // on every path out, the throwing ones included
+    nvrtcProgram* p;
+    ~Destroy() { nvrtcDestroyProgram(p); }
+  } destroy{&prog};
   const std::string arch_opt = "--gpu-architecture=" + arch;
   const char* opts[] = {arch_opt.c_str(), "--std=c++17", "-default-device"};
   const nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
@@ -137,7 +146,7 @@ std::string compile(const std::string& source, const std::string& arch, bool cub
     nvrtcGetProgramLogSize(prog, &n);
     std::string log(n, '\0');
     if (n) nvrtcGetProgramLog(prog, log.data());
-    nvrtcDestroyProgram(&prog);
+    while (!log.empty() && log.back() == '\0') log.pop_back();  // the size counts the terminating NUL
     throw Error("pointwise: NVRTC could not compile the generated kernel (", nvrtcGetErrorString(r), "):\n", log,
                 "\nsource:\n", source);
   }
@@ -150,11 +159,26 @@ std::string compile(const std::string& source, const std::string& arch, bool cub
   } else {
     check_nvrtc(nvrtcGetPTXSize(prog, &n), "nvrtcGetPTXSize");
     out.resize(n);
-    check_nvrtc(nvrtcGetPTX(prog, out.data()), "nvrtcGetPTX");
+    check_nvrtc(nvrtcGetPTX(prog, out.data()), "nvrtcGetPTX");  // NUL-terminated: the library loader takes it as is
   }
-  nvrtcDestroyProgram(&prog);
   return out;
 }
+
+}  // namespace
+
+std::pair<std::string, bool> pointwise_target(int cc, const std::vector<int>& known) {
+  int same_major = -1, below = -1;
+  for (const int a : known) {
+    if (a == cc) return {"sm_" + std::to_string(a), true};
+    if (a / 10 == cc / 10 && a < cc) same_major = std::max(same_major, a);
+    if (a < cc) below = std::max(below, a);
+  }
+  if (same_major > 0) return {"sm_" + std::to_string(same_major), true};
+  if (below > 0) return {"compute_" + std::to_string(below), false};
+  return {"", false};
+}
+
+namespace {
 
 struct Loaded {
   cudaLibrary_t library = nullptr;
@@ -172,19 +196,32 @@ Loaded load(const std::string& source, int dev) {
     (void)cudaGetLastError();
     throw Error("pointwise: cudaGetDeviceProperties failed");
   }
-  const std::string cubin = compile(source, "sm_" + std::to_string(p.major) + std::to_string(p.minor), true);
+  int count = 0;
+  check_nvrtc(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
+  std::vector<int> known(static_cast<std::size_t>(std::max(count, 0)));
+  if (count > 0) check_nvrtc(nvrtcGetSupportedArchs(known.data()), "nvrtcGetSupportedArchs");
+  const int cc = p.major * 10 + p.minor;
+  const auto [arch, cubin] = pointwise_target(cc, known);
+  if (arch.empty()) throw Error("pointwise: NVRTC knows no architecture at or below this GPU's (compute capability ", p.major, ".", p.minor, ")");
+  const std::string image = compile(source, arch, cubin);
   Loaded l;
-  cudaError_t st = cudaLibraryLoadData(&l.library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  cudaError_t st = cudaLibraryLoadData(&l.library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
   if (st != cudaSuccess) {
     (void)cudaGetLastError();
     throw Error("pointwise: cudaLibraryLoadData failed: ", cudaGetErrorString(st));
   }
   for (auto [kernel, name] : {std::pair{&l.fwd, "tg_pw_fwd"}, std::pair{&l.bwd, "tg_pw_bwd"}}) {
     st = cudaLibraryGetKernel(kernel, l.library, name);
+    // Under lazy module loading (the default since CUDA 12.2) a kernel reaches the context at its first use: asking
+    // for its attributes is such a use, so a failure to load the backward shows here, not inside a backward.
+    cudaFuncAttributes fa{};
+    if (st == cudaSuccess) st = cudaFuncGetAttributes(&fa, reinterpret_cast<const void*>(*kernel));
+    if (st == cudaSuccess && fa.maxThreadsPerBlock < kPointwiseThreads) st = cudaErrorInvalidConfiguration;
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
       (void)cudaLibraryUnload(l.library);
-      throw Error("pointwise: cudaLibraryGetKernel(", name, ") failed: ", cudaGetErrorString(st));
+      throw Error("pointwise: loading ", name, " failed: ", cudaGetErrorString(st),
+                  st == cudaErrorInvalidConfiguration ? " (fewer threads per block than the launch's)" : "");
     }
   }
   return l;
@@ -238,13 +275,13 @@ std::int64_t pointwise_compiles() {
 
 bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs& args, std::string* why) {
   if (args.n == 0) return true;
+  Loaded l;
   try {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
       (void)cudaGetLastError();
       throw Error("pointwise: cudaGetDevice failed");
     }
-    Loaded l;
     {
       // NVRTC runs under the lock, once per source and device: other threads' first calls wait for it.
       const std::lock_guard<std::mutex> lock(g_mutex);
@@ -263,23 +300,30 @@ bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs
       l = it->second;
     }
     if (!l.failure.empty()) throw Error(l.failure);
-    const int threads = 256;
-    const long long blocks = std::min<long long>((args.n + threads - 1) / threads, 65535LL * 16);
-    PointwiseArgs a = args;
-    report_launch(backward ? "pointwise_backward" : "pointwise_forward", false, source, a);  // Note [launch watch]
-    void* params[] = {&a};
-    const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(backward ? l.bwd : l.fwd),
-                                            dim3(static_cast<unsigned>(blocks)), dim3(threads), params, 0,
-                                            static_cast<cudaStream_t>(current_stream()));
-    if (st != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw Error("pointwise: the launch failed: ", cudaGetErrorString(st));
-    }
-    return true;
-  } catch (const Error& e) {
+  } catch (const Error& e) {  // no kernel for this source here: the caller runs the tensor ops
     if (why) *why = e.what();
     return false;
   }
+  const long long blocks = std::min<long long>((args.n + kPointwiseThreads - 1) / kPointwiseThreads, 65535LL * 16);
+  PointwiseArgs a = args;
+  // Note [launch watch]. Not a fallback case: what a watcher throws (a compiled step's check, the end of a CUDA
+  // graph's stretch that failed) is the step's error, as for every other kernel.
+  report_launch(backward ? "pointwise_backward" : "pointwise_forward", false, source, a);
+  void* params[] = {&a};
+  const auto stream = static_cast<cudaStream_t>(current_stream());
+  const cudaError_t st = cudaLaunchKernel(reinterpret_cast<const void*>(backward ? l.bwd : l.fwd),
+                                          dim3(static_cast<unsigned>(blocks)), dim3(kPointwiseThreads), params, 0, stream);
+  if (st != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();  // inside a CUDA graph's capture the tensor ops cannot stand in: the step fails
+      throw Error("pointwise: the launch failed inside a CUDA graph capture: ", cudaGetErrorString(st));
+    }
+    if (why) *why = std::string("pointwise: the launch failed: ") + cudaGetErrorString(st);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace tg::backend::cuda

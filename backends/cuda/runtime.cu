@@ -48,8 +48,9 @@ std::string device_description() {
   }
   if (n == 0) return "no CUDA device";
   cudaDeviceProp p{};
-  TG_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-  return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+  const int d = current_device();  // the one this thread uses (set_device), not always the first
+  TG_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
+  return (n > 1 ? "device " + std::to_string(d) + " of " + std::to_string(n) + ": " : std::string()) + p.name + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
          std::to_string(p.totalGlobalMem >> 30) + " GiB";
 }
 

@@ -108,7 +108,7 @@ TEST_F(CudaPaddedGemm, BatchReducedWeightGradientAccumulatesIntoAPaddedBlock) {
 
 // The cuBLASLt algorithm cache (backends/cuda/cublaslt.cuh) keeps definitive answers only: an algorithm, or
 // "not supported"; a transient failure (an allocation error) answers the call with no algorithm and asks again
-// the next time. Host code only: runs without a GPU.
+// the next time; an algorithm that declines when run is replaced by "no algorithm". Host code only: runs without a GPU.
 TEST(LtAlgoCache, KeepsDefinitiveAnswersAndAsksAgainAfterTransientFailures) {
   tg::backend::cuda::detail::LtAlgoCache<2> cache;
   cublasLtMatmulHeuristicResult_t r{};
@@ -134,6 +134,21 @@ TEST(LtAlgoCache, KeepsDefinitiveAnswersAndAsksAgainAfterTransientFailures) {
   cache.get({3, 4}, r, found, ask);
   EXPECT_EQ(asked, 3) << "not supported is an answer, kept";
   EXPECT_EQ(found, 0);
+  // an algorithm that declines at cublasLtMatmul (lt_run_declined) becomes "no algorithm" for its configuration
+  next = CUBLAS_STATUS_SUCCESS;
+  cache.get({5, 6}, r, found, ask);
+  EXPECT_EQ(found, 1);
+  cache.decline({5, 6});
+  cache.get({5, 6}, r, found, ask);
+  EXPECT_EQ(found, 0);
+  EXPECT_EQ(asked, 4) << "declined is an answer, kept";
+  cache.get({1, 2}, r, found, ask);
+  EXPECT_EQ(found, 1) << "other configurations keep theirs";
+  using tg::backend::cuda::detail::lt_run_declined;
+  EXPECT_TRUE(lt_run_declined(CUBLAS_STATUS_NOT_SUPPORTED) && lt_run_declined(CUBLAS_STATUS_INVALID_VALUE) &&
+              lt_run_declined(CUBLAS_STATUS_ARCH_MISMATCH));
+  EXPECT_FALSE(lt_run_declined(CUBLAS_STATUS_EXECUTION_FAILED) || lt_run_declined(CUBLAS_STATUS_ALLOC_FAILED) ||
+               lt_run_declined(CUBLAS_STATUS_INTERNAL_ERROR));
 }
 
 }  // namespace test_cuda_gemm_cpp

@@ -177,6 +177,29 @@ TEST(CudaGeometry, MatmulBatchPlansComputeTheBatchedProduct) {
   }
 }
 
+// The elementwise launchers' test for a flat operand (the 16-byte vector maps, a memcpy): size-1 dimensions do not
+// count, whatever their stride (a batch of 1 broadcast to stride 0 is still dense).
+TEST(CudaGeometry, DenseLayoutIgnoresSizeOneDimensions) {
+  using tg::backend::cuda::detail::dense_layout;
+  EXPECT_TRUE(dense_layout({2, 3, 4}, {12, 4, 1}));
+  EXPECT_TRUE(dense_layout({1, 1024, 768}, {0, 768, 1}));       // a [1, T, C] operand as binary's broadcast gives it
+  EXPECT_TRUE(dense_layout({1, 1024, 768}, {786432, 768, 1}));
+  EXPECT_TRUE(dense_layout({4, 1, 8}, {8, 77, 1}));              // a view's size-1 stride is never used
+  EXPECT_TRUE(dense_layout({1}, {0}));
+  EXPECT_TRUE(dense_layout({}, {}));
+  EXPECT_FALSE(dense_layout({2, 3, 4}, {12, 1, 3}));             // transposed
+  EXPECT_FALSE(dense_layout({2, 3, 4}, {0, 4, 1}));              // broadcast along a real dimension
+  EXPECT_FALSE(dense_layout({2, 3, 4}, {24, 4, 1}));             // rows with a gap
+  EXPECT_FALSE(dense_layout({2, 3}, {3, 1, 1}));                 // a stride set of another rank
+  // every operand that the per-element offsets walk as 0, 1, 2, ... is dense
+  const tg::Shape sizes = {1, 3, 1, 5};
+  for (const tg::Shape& st : {tg::Shape{0, 5, 0, 1}, tg::Shape{15, 5, 5, 1}, tg::Shape{9, 5, 3, 1}}) {
+    const auto g = tg::backend::cuda::detail::make_geo(sizes, st);
+    for (std::int64_t i = 0; i < sizes.numel(); ++i) EXPECT_EQ(g.offset(i, 0), i) << st;
+    EXPECT_TRUE(dense_layout(sizes, st)) << st;
+  }
+}
+
 }  // namespace
 
 }  // namespace test_cuda_geometry_cpp

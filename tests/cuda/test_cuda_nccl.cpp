@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ class CudaNccl : public tg::testing::GpuTest {
   void SetUp() override {
     GpuTest::SetUp();
     if (IsSkipped()) return;
+    // one GPU per rank on a machine with several, as train_gpt chooses (NCCL refuses two ranks on one device)
+    if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); local && tg::backend::cuda::device_count() > 1)
+      tg::backend::cuda::set_device(std::atoi(local) % tg::backend::cuda::device_count());
     comm = tg::dist::make_nccl_communicator(tg::dist::world());
     rank = comm->rank();
     size = comm->size();

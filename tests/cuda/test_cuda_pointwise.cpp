@@ -2,6 +2,7 @@
 // generated translation units compiled by NVRTC for every element type (no GPU needed: this runs in CI), and,
 // on a GPU, the generated kernels against the CPU's fused loop, forward and gradients.
 #include <gtest/gtest.h>
+#include <nvrtc.h>
 
 #include <cmath>
 #include <cstring>
@@ -66,9 +67,30 @@ TEST(PointwiseNvrtc, BadSourceIsAnErrorWithTheCompilersLog) {
     const std::string what = e.what();
     EXPECT_NE(what.find("NVRTC could not compile"), std::string::npos) << what;
     EXPECT_NE(what.find("undeclared_name"), std::string::npos) << what;
+    EXPECT_NE(what.find("source:\nextern"), std::string::npos) << "the log's terminating NUL ended the message: " << what;
   }
   EXPECT_THROW(cu::pointwise_source(tg::DType::i64, 1, "x0"), tg::Error);
   EXPECT_THROW(cu::pointwise_source(tg::DType::f32, 8, "x0"), tg::Error);
+}
+
+// The architecture NVRTC builds for (Note [pointwise kernels through NVRTC]): the GPU's own, an earlier one of its
+// major as a cubin, PTX for a GPU newer than the toolkit, nothing for one older than every known architecture.
+TEST(PointwiseNvrtc, TargetArchitectureFallsBackWithinAMajorThenToPtx) {
+  const std::vector<int> known = {75, 80, 86, 87, 89, 90, 100, 120, 121};
+  using P = std::pair<std::string, bool>;
+  EXPECT_EQ(cu::pointwise_target(90, known), (P{"sm_90", true}));
+  EXPECT_EQ(cu::pointwise_target(86, known), (P{"sm_86", true}));
+  EXPECT_EQ(cu::pointwise_target(88, known), (P{"sm_87", true}));    // a minor this NVRTC does not know
+  EXPECT_EQ(cu::pointwise_target(103, known), (P{"sm_100", true}));
+  EXPECT_EQ(cu::pointwise_target(130, known), (P{"compute_121", false}));  // newer than the toolkit: PTX
+  EXPECT_EQ(cu::pointwise_target(70, known), (P{"", false}));        // older than all: the tensor ops run
+  // and this NVRTC's own list builds a cubin for the architectures CI compiles for
+  int count = 0;
+  ASSERT_EQ(nvrtcGetNumSupportedArchs(&count), NVRTC_SUCCESS);
+  std::vector<int> mine(static_cast<std::size_t>(count));
+  ASSERT_EQ(nvrtcGetSupportedArchs(mine.data()), NVRTC_SUCCESS);
+  EXPECT_EQ(cu::pointwise_target(80, mine), (P{"sm_80", true}));
+  EXPECT_EQ(cu::pointwise_target(90, mine), (P{"sm_90", true}));
 }
 
 template <class T>

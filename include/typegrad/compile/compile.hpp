@@ -442,21 +442,21 @@ class CompiledStep {
     };
     // Note [CUDA graphs of a step]: every call on the signature's own stream; a replay captured as graphs
     std::optional<backend::cuda::OwnStreamCall> own;
-    if constexpr (std::is_same_v<D, cuda>) {
-      if (options_.cuda_graphs) {
-        if (!v.own_stream) {
-          v.own_stream = std::make_unique<backend::cuda::Stream>();
-          v.join_in = std::make_unique<backend::cuda::Event>();
-          v.join_out = std::make_unique<backend::cuda::Event>();
-        }
-        if (!capture && !v.graphs) {
-          v.graphs = std::make_unique<backend::cuda::StepGraphs>();
-          v.graphs->set_chunk(options_.graph_chunk);
-        }
-        own.emplace(*v.own_stream, *v.join_in, *v.join_out, capture ? nullptr : v.graphs.get());
-      }
-    }
     try {
+      if constexpr (std::is_same_v<D, cuda>) {  // inside the try: a failed start ends the trace or replay begun above
+        if (options_.cuda_graphs) {
+          if (!v.own_stream) {
+            v.own_stream = std::make_unique<backend::cuda::Stream>();
+            v.join_in = std::make_unique<backend::cuda::Event>();
+            v.join_out = std::make_unique<backend::cuda::Event>();
+          }
+          if (!capture && !v.graphs) {
+            v.graphs = std::make_unique<backend::cuda::StepGraphs>();
+            v.graphs->set_chunk(options_.graph_chunk);
+          }
+          own.emplace(*v.own_stream, *v.join_in, *v.join_out, capture ? nullptr : v.graphs.get());
+        }
+      }
       if constexpr (std::is_void_v<R>) {
         {
           capture::StepMemoryScope mem(*v.memory, device_traits<D>::kind);

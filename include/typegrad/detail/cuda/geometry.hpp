@@ -61,6 +61,20 @@ struct Geo {
 /// Geometry of `sizes` with up to three stride sets. Size-1 dims are dropped and neighbours that are one
 /// uniform stride in every set are merged (row-major linear indices are unchanged), so a contiguous or
 /// simply broadcast operand costs one or two divisions per element, not one per dim.
+/// Whether `strides` lay `sizes` out densely in row-major order, so an elementwise kernel may read the operand as
+/// one flat array (the 16-byte vector maps, a memcpy). A dimension of size 1 is never stepped along, so its stride
+/// does not count (a broadcast operand's is 0, a view's may be anything).
+inline bool dense_layout(const Shape& sizes, const Shape& strides) {
+  if (strides.size() != sizes.size()) return false;
+  std::int64_t expected = 1;
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
 inline Geo make_geo(const Shape& sizes, const Shape& s0, const Shape& s1 = Shape(), const Shape& s2 = Shape()) {
   Geo g;
   const Shape* sets[3] = {&s0, &s1, &s2};

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 #include <tuple>
 
 #include "typegrad/core/dtype.hpp"
@@ -35,6 +37,11 @@ std::string pointwise_source(DType dtype, int K, const std::string& expr);
 /// `source` compiled by NVRTC to PTX for compute_80; throws tg::Error with NVRTC's log when it does not compile.
 /// Needs no GPU (tests run it everywhere the backend is built).
 std::string pointwise_ptx(const std::string& source);
+/// NVRTC's target for a GPU of compute capability `cc` (major * 10 + minor) given the architectures it knows
+/// (nvrtcGetSupportedArchs): {"sm_XY", true} for a cubin of the GPU's own architecture or else the highest known one
+/// of its major below it; {"compute_XY", false} for PTX of the highest known architecture below the GPU (one newer
+/// than the toolkit: the driver compiles it); {"", false} when every known architecture is newer than the GPU.
+std::pair<std::string, bool> pointwise_target(int cc, const std::vector<int>& known);
 /// Compiles `source` for the current GPU and loads both its kernels (once per source and device; a failure is
 /// remembered too), then launches tg_pw_bwd (backward) or tg_pw_fwd on the current stream. False, with the reason
 /// in *why, when NVRTC, the module load or the launch fails: the caller then runs the expression as tensor ops.
