@@ -39,6 +39,8 @@ int eval_only(const Options& options) {
     return median_ms(5, [&] {
       tg::NoGrad no_grad;
       forward(probe);
+      // a GPU forward returns once its kernels are queued: the time is the GPU's only after waiting for them
+      if constexpr (std::is_same_v<D, tg::cuda>) tg::backend::cuda::synchronize();
     });
   };
   const std::int64_t float_bytes = 4 * tg::nn::count_parameters(s.params);

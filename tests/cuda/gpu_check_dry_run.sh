@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh's own logic, without a GPU: stand-ins for nvidia-smi, ncu, python3's PyTorch scripts and
 # the prebuilt binaries (TG_GPU_PREBUILT) print what the real ones print, and the check reads the table, the
-# ncu summary and the last line. A second run makes one GPU test fail and needs the script to fail.
+# ncu summary and the last line. A second run makes one GPU test fail and needs the script to fail, its last line
+# still the ratio.
 #   bash tests/cuda/gpu_check_dry_run.sh
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -78,4 +79,5 @@ fake "$W/pre/tests/test_ops" "$(gtest A.b none)"
 if run; then fail "gpu-check passed with a GPU test process that died"; fi
 has "| test_ops CPU-vs-CUDA (every op, fp32/bf16/fp16, fwd+grad) | 1 passed, 1 failed, 0 skipped, 1 not run |"
 has "gpu-check: FAILED: GPU tests failed"
+[ "$(tail -1 "$W/out")" = "ratio typegrad/pytorch_eager 0.75" ] || fail "a failed check's last line is not the ratio it measured"
 echo "gpu-check dry run: table, ncu summary, ratio line and a failing test's verdict as expected"

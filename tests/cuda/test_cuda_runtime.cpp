@@ -3,6 +3,9 @@
 // Every test skips with the reason when no CUDA device is present (the build machines have none).
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+
 #include <typegrad/typegrad.hpp>
 
 #include "cuda/gpu_skip.hpp"
@@ -30,6 +33,17 @@ TEST_F(CudaRuntime, FactoriesMatchTheHost) {
   EXPECT_EQ(d.to_vector(), h.to_vector());
   const auto z = tg::Tensor<tg::bf16, tg::cuda>::full({5, 5}, 2.5).to_vector();
   for (auto v : z) EXPECT_EQ(static_cast<float>(v), 2.5f);
+}
+
+// A device tensor prints its values from a host copy (the header names the device).
+TEST_F(CudaRuntime, PrintingADeviceTensorShowsItsValues) {
+  const auto host = tg::Tensor<float>::arange(0, 12).reshape({3, 4}).transpose(0, 1);
+  std::ostringstream h, d;
+  h << host;
+  d << host.to<tg::cuda>();
+  std::string want = h.str();
+  want.replace(want.find(", cpu>"), 6, ", cuda>");
+  EXPECT_EQ(d.str(), want);
 }
 
 TEST_F(CudaRuntime, AllocatorCachesBlocksInTheSteadyState) {

@@ -4,6 +4,7 @@
 
 #include <iomanip>
 #include <ostream>
+#include <type_traits>
 
 #include "typegrad/core/tensor.hpp"
 
@@ -39,7 +40,12 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T, D>& t) {
   os << '\n';
   const auto flags = os.flags();
   os << std::setprecision(6);
-  detail::print_rec(os, t.data(), t.shape(), t.strides(), 0);
+  if constexpr (!std::is_same_v<D, cpu>) {  // a device tensor's values are printed from a host copy
+    const Tensor<T, cpu> host = t.detach().template to<cpu>();
+    detail::print_rec(os, host.data(), host.shape(), host.strides(), 0);
+  } else {
+    detail::print_rec(os, t.data(), t.shape(), t.strides(), 0);
+  }
   os.flags(flags);
   return os;
 }
