@@ -23,9 +23,10 @@
 // R = 1). A term with p = 0 (t = −inf: a token the teacher masked out) is 0 (the limit p log p → 0), and so
 // are its gradients, where torch's log_target form gives 0 · (−inf − x) = NaN. R = 0 (no rows) gives NaN,
 // as a mean over nothing does in torch.
-// Math in accum_t<T> (fp32 for 16-bit storage, fp64 for fp64): each row is summed in that type in index
-// order, then the rows' sums are added in row order in fp64, so the value depends neither on the number of
-// OpenMP threads nor on the CUDA grid. The loss is stored as Out (kl_div_as<fp32> for 16-bit inputs, as
+// Math in accum_t<T> (fp32 for 16-bit storage, fp64 for fp64): each row is summed in that type in a fixed
+// order (index order on the CPU; on the GPU a block's tree, whose shape follows V), then the rows' sums are
+// added in row order in fp64, so the value depends neither on the number of OpenMP threads nor on the CUDA
+// grid (the two devices agree within the rows' summation rounding). The loss is stored as Out (kl_div_as<fp32> for 16-bit inputs, as
 // cross_entropy_as; kl_div: the inputs' type); the gradients have the inputs' type, rounded once.
 
 // kl_div_forward:  Σ_r Σ_j p·(t − x) (math::kl_div_term) over contiguous x, t [rows, v]: each row summed in
