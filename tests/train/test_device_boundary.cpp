@@ -182,6 +182,51 @@ void expect_same(const Outcome& got, const Outcome& ref, const std::string& what
   EXPECT_EQ(ref.decided_on_device, 0) << what;
 }
 
+// A micro-batch that throws drops its step whole (GradAccum::abandon_step), on either boundary: no gradient is left
+// and the next call starts a new step at micro-batch 0, so training goes on as if the failed step had never begun
+// (before, the next call stepped the optimizer after the failed step's remaining micro-batches, with its partial
+// gradients in). Dropout 0: the failed step's forwards draw nothing.
+TEST(DeviceBoundary, AMicroBatchThatThrowsDropsItsStepOnEitherBoundary) {
+  for (const bool device : {false, true}) {
+    auto run = [&](int fail_at) {  // fail_at: the call of the loss that throws in the first step (0: none)
+      tg::Generator init(3), drop(4);
+      tg::nn::GPT model(small_gpt(0.f), init);
+      const auto ps = model.named_parameters();
+      const auto owned = optimizer(ps, Scenario::Opt::adamw);
+      tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
+      tg::train::TrainStep<tg::amp::fp32_policy, tg::NoCheckpoint, tg::cpu, tg::optim::GradAccumRuntime> step(
+          ps, *owned, sched, {.clip = 1.0, .device_boundary = device}, tg::optim::GradAccumRuntime(3));
+      std::int64_t k = 0;
+      int calls = 0;
+      if (fail_at > 0) {
+        EXPECT_THROW(step.run(model, [&] { return batch(k++); }, drop,
+                              [&](const auto& logits, const tg::data::Batch& b) {
+                                if (++calls == fail_at) throw tg::Error("an injected failure");
+                                return step.precision().loss(logits, b.targets);
+                              }),
+                     tg::Error);
+        EXPECT_EQ(step.steps_taken(), 0);
+        EXPECT_EQ(owned->step_count(), 0);
+        for (const auto& p : ps) EXPECT_FALSE(p.tensor.grad().defined()) << p.name << ": a partial gradient was kept";
+      }
+      k = 100;  // from here both runs train on the same batches
+      std::vector<double> losses;
+      for (int i = 0; i < 3; ++i) losses.push_back(step.run(model, [&] { return batch(k++); }, drop).loss);
+      EXPECT_EQ(step.steps_taken(), 3);
+      EXPECT_EQ(owned->step_count(), 3);
+      std::vector<std::vector<float>> w;
+      for (const auto& p : ps) w.push_back(p.tensor.to_vector());
+      return std::pair{losses, w};
+    };
+    const auto ref = run(0);
+    for (const int fail_at : {1, 2, 3}) {
+      const auto got = run(fail_at);
+      EXPECT_EQ(got.first, ref.first) << (device ? "device" : "host") << " boundary, failure at micro-batch " << fail_at - 1;
+      EXPECT_EQ(got.second, ref.second) << (device ? "device" : "host") << " boundary, failure at micro-batch " << fail_at - 1;
+    }
+  }
+}
+
 TEST(DeviceBoundary, EqualsTheHostBoundaryFp32WithDropoutAccumulationAndClipping) {
   const Scenario s{};
   const Outcome ref = train<tg::amp::fp32_policy>(s, false);

@@ -204,6 +204,19 @@ class GradAccumulator {
     opt.undo_step();
   }
 
+  /// After an error inside a step (a micro-batch's forward, loss or backward threw, or a step decided on the
+  /// device could not be read): the step is dropped whole. A pending device step is taken back
+  /// (abandon_device_step), the micro-batches' partial gradients are dropped and the count starts again, so the
+  /// next call begins a new step at micro-batch 0 instead of finishing this one with the next step's batches.
+  /// Nothing happens to a step already taken; harmless between steps.
+  template <class Opt>
+  void abandon_step(Opt& opt) {
+    abandon_device_step(opt);
+    micro_ = 0;
+    bad_loss_ = false;
+    opt.zero_grad();
+  }
+
   /// Note [non-finite steps without a scaler]: what to do with a NaN/inf loss or gradient norm when no
   /// loss scaler checks the gradients (default: apply, as torch does).
   void on_non_finite(OnNonFinite policy) { on_non_finite_ = policy; }

@@ -154,29 +154,35 @@ class TrainStep {
     const std::int64_t n = accum_.n(), skipped_before = accum_.skipped_steps();
     if (boundary_) return run_on_device(model, next_batch, dropout_gen, loss_fn, r);
     losses_.clear();
-    for (std::int64_t m = 0; m < n; ++m) {
-      const auto batch = next_batch();
-      const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
-      losses_.push_back(loss.detach());  // Note [the loss stays on the device]: read at the boundary
-      if (options_.sync) options_.sync->before_backward(m, n);
-      accum_.scale(loss, precision_.scaler).backward();
-      if (options_.sync) options_.sync->after_backward(m, n);
-      if (m + 1 == n) {  // the step's one read of its losses, before the boundary decides on them
-        for (const auto& l : losses_) {
-          const double value = static_cast<double>(l.item());
-          r.loss += value / static_cast<double>(n);
-          accum_.note_loss(value);
+    try {
+      for (std::int64_t m = 0; m < n; ++m) {
+        const auto batch = next_batch();
+        const auto loss = loss_fn(forward(model, batch.inputs, dropout_gen), batch);
+        losses_.push_back(loss.detach());  // Note [the loss stays on the device]: read at the boundary
+        if (options_.sync) options_.sync->before_backward(m, n);
+        accum_.scale(loss, precision_.scaler).backward();
+        if (options_.sync) options_.sync->after_backward(m, n);
+        if (m + 1 == n) {  // the step's one read of its losses, before the boundary decides on them
+          for (const auto& l : losses_) {
+            const double value = static_cast<double>(l.item());
+            r.loss += value / static_cast<double>(n);
+            accum_.note_loss(value);
+          }
+          losses_.clear();
         }
-        losses_.clear();
-      }
-      if (m + 1 == n && options_.before_update) options_.before_update();
-      if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
-        if (!accum_.last_step_skipped()) {
-          if (options_.sync) options_.sync->after_update();
-          if (options_.after_update) options_.after_update();
+        if (m + 1 == n && options_.before_update) options_.before_update();
+        if (accum_.micro_step(*opt_, *schedule_, options_.clip, precision_.scaler)) {
+          if (!accum_.last_step_skipped()) {
+            if (options_.sync) options_.sync->after_update();
+            if (options_.after_update) options_.after_update();
+          }
+          precision_.after_step(accum_, copies_to_refresh());
         }
-        precision_.after_step(accum_, copies_to_refresh());
       }
+    } catch (...) {  // the step is dropped whole: the next call starts a new one (GradAccum::abandon_step)
+      losses_.clear();
+      accum_.abandon_step(*opt_);
+      throw;
     }
     if (options_.sync && options_.sync->ranks() > 1) {  // the mean over the ranks (equal micro-batches)
       double total = r.loss;  // summed, then divided: the device boundary's order (the same bits)
@@ -245,7 +251,7 @@ class TrainStep {
       r.loss = sync && sync->ranks() > 1 ? out.loss / sync->ranks() : out.loss;  // summed over the ranks: their mean
       accum_.finish_device_step(*opt_, *schedule_, precision_.scaler, out);
     } catch (...) {  // nothing counted for a step that did not finish (NonFiniteStep: nothing was applied)
-      accum_.abandon_device_step(*opt_);
+      accum_.abandon_step(*opt_);  // and no micro-batch of it carried into the next call
       opt_->set_lr(lr_before);
       throw;
     }
