@@ -27,7 +27,7 @@
 // without atomics) by comparing its digit with the chunk's 256 in shared memory: 256 comparisons per position and
 // pass, the threads of a warp reading the same word at once. Integer counts only, no atomics: every launch gives
 // the same result. Then order_start finds each id's first position in the sorted ids by a binary search
-// (start[V] = n), and embedding_rows sums each row of dw in that order (one block per row).
+// (start[V] = n), and embedding_backward_kernel sums each row of dw in that order (one block per row).
 // Memory: the ids (n int64), two key and two value buffers (4n int64), 256 · ceil(n / 256) counts and V + 1
 // starts. Launches: three per pass, then two.
 

@@ -36,9 +36,10 @@ namespace tg::backend::cuda {
 // meets a load failure; the result, or the failure, is cached by source and device for the process. A failure
 // to compile, load or launch is returned, not thrown: the op then runs as tensor ops, which compute the same
 // function. What the launch watch throws (a compiled step's checks, a CUDA graph's failed stretch) and a launch
-// that fails inside a graph's capture are the step's errors, thrown as for any kernel. sigmoid and relu have math::apply's forms (sigmoid as e^x / (1 + e^x) below 0, so it
-// does not underflow early; relu passes NaN and -0 through), as the CPU's f_sigmoid / f_relu and the tensor ops, so
-// a chain of the fusion rewrite (Note [fusion rewrites]) computes what its separate ops compute.
+// that fails inside a graph's capture are the step's errors, thrown as for any kernel. sigmoid and relu have
+// math::apply's forms (sigmoid as e^x / (1 + e^x) below 0, so it does not underflow early; relu passes NaN and -0
+// through), as the CPU's f_sigmoid / f_relu and the tensor ops, so a chain of the fusion rewrite (Note [fusion
+// rewrites]) computes what its separate ops compute.
 
 namespace {
 

@@ -50,7 +50,8 @@ std::string device_description() {
   cudaDeviceProp p{};
   const int d = current_device();  // the one this thread uses (set_device), not always the first
   TG_CUDA_CHECK(cudaGetDeviceProperties(&p, d));
-  return (n > 1 ? "device " + std::to_string(d) + " of " + std::to_string(n) + ": " : std::string()) + p.name + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+  const std::string which = n > 1 ? "device " + std::to_string(d) + " of " + std::to_string(n) + ": " : "";
+  return which + p.name + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
          std::to_string(p.totalGlobalMem >> 30) + " GiB";
 }
 

@@ -147,10 +147,10 @@ class ObserverScope {
 // targets, which train::TrainStep keeps at fixed host addresses under a device boundary, and which the embedding
 // backward uploads again to sort on the device: Note [embedding rows sorted on the device]), which a graph would
 // have to own. A GPU step's report shows them: the CUDA runtime reports each upload with the staging block it
-// reads (a graph's copy node bakes its address in), an upload that waits for its copy and every download as reads. The step inputs a device boundary uploads at
-// its start and the one read at its end are a graph's prelude and epilogue, not watched. train::TrainStep with
-// StepOptions::device_boundary has no blocker on the CPU (tests/train/test_device_boundary.cpp, train_gpt
-// --graph-report).
+// reads (a graph's copy node bakes its address in), an upload that waits for its copy and every download as
+// reads. The step inputs a device boundary uploads at its start and the one read at its end are a graph's
+// prelude and epilogue, not watched. train::TrainStep with StepOptions::device_boundary has no blocker on the
+// CPU (tests/train/test_device_boundary.cpp, train_gpt --graph-report).
 
 /// One kernel launch of a replay: the kernel and a hash of each argument (Note [launch watch]).
 struct LaunchRecord {

@@ -26,8 +26,9 @@
 // Math in accum_t<T> (fp32 for 16-bit storage, fp64 for fp64): each row is summed in that type in a fixed
 // order (index order on the CPU; on the GPU a block's tree, whose shape follows V), then the rows' sums are
 // added in row order in fp64, so the value depends neither on the number of OpenMP threads nor on the CUDA
-// grid (the two devices agree within the rows' summation rounding). The loss is stored as Out (kl_div_as<fp32> for 16-bit inputs, as
-// cross_entropy_as; kl_div: the inputs' type); the gradients have the inputs' type, rounded once.
+// grid (the two devices agree within the rows' summation rounding). The loss is stored as Out (kl_div_as<fp32>
+// for 16-bit inputs, as cross_entropy_as; kl_div: the inputs' type); the gradients have the inputs' type, rounded
+// once.
 
 // kl_div_forward:  Σ_r Σ_j p·(t − x) (math::kl_div_term) over contiguous x, t [rows, v]: each row summed in
 //                  kernel_math_t, the row sums added in row order in fp64 and returned (not divided by rows).
