@@ -1,12 +1,11 @@
 // kl_div's CUDA kernels (Note [kl_div: batchmean over rows] in ops/kl_div.hpp), the CPU kernels' math
 // (math::kl_div_term / math::kl_div_grad in kernel_math_t, fp32 for 16-bit storage). Forward: one block per
-// row, a fixed-order block reduction (no atomics) into one sum per row, the row sums read back and added in
-// row order in fp64 as on the CPU. Backward: one thread per element (grid-stride), rounded once on store.
+// row, a fixed-order block reduction (no atomics) into one sum per row, then one thread adds the row sums in row
+// order in fp64, as the CPU does, and stores the mean: nothing is read back. Backward: one thread per element
+// (grid-stride), its scale from the upstream gradient in device memory, rounded once on store.
 #define TG_KERNELS_ONLY
 #include "common.cuh"
 #include "typegrad/ops/kl_div.hpp"
-
-#include <vector>
 
 namespace tg::backend::cuda {
 
@@ -31,9 +30,20 @@ __global__ void kl_div_forward_kernel(const T* x, const T* t, A* row_sum, std::i
   }
 }
 
+// The row sums added in row order in fp64 and divided by rows (NaN for rows = 0), as the CPU kernel does: a short
+// serial loop (one fp64 add per row of V elements) that keeps the two devices' order.
+template <class A>
+__global__ void kl_div_mean_kernel(const A* row_sum, std::int64_t rows, double* loss) {
+  double total = 0;
+  for (std::int64_t r = 0; r < rows; ++r) total += static_cast<double>(row_sum[r]);
+  loss[0] = rows ? total / static_cast<double>(rows) : nan("");
+}
+
 template <class T>
-__global__ void kl_div_backward_kernel(const T* x, const T* t, double scale, T* dx, T* dt, std::int64_t n) {
+__global__ void kl_div_backward_kernel(const T* x, const T* t, const double* dloss, T* dx, T* dt, std::int64_t rows,
+                                       std::int64_t n) {
   using A = amp::kernel_math_t<amp::op::kl_div, T>;
+  const double scale = rows ? dloss[0] / static_cast<double>(rows) : 0.0;
   const A sc = static_cast<A>(scale);
   TG_GRID_STRIDE(k, n) {
     A gx, gt;
@@ -46,25 +56,23 @@ __global__ void kl_div_backward_kernel(const T* x, const T* t, double scale, T* 
 }  // namespace
 
 template <class T>
-double kl_div_forward(const T* x, const T* t, std::int64_t rows, std::int64_t v) {
+void kl_div_forward(const T* x, const T* t, std::int64_t rows, std::int64_t v, double* loss) {
   using A = amp::kernel_math_t<amp::op::kl_div, T>;
-  if (rows * v == 0) return 0.0;
-  detail::Workspace ws(static_cast<std::size_t>(rows) * sizeof(A));
-  kl_div_forward_kernel<T, A>
-      <<<row_blocks(rows), detail::row_threads(v), 0, detail::stream()>>>(x, t, ws.as<A>(), rows, v);
+  detail::Workspace ws(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)) * sizeof(A));
+  if (rows * v > 0) {
+    kl_div_forward_kernel<T, A>
+        <<<row_blocks(rows), detail::row_threads(v), 0, detail::stream()>>>(x, t, ws.as<A>(), rows, v);
+    TG_CUDA_LAUNCHED();
+  }
+  kl_div_mean_kernel<A><<<1, 1, 0, detail::stream()>>>(ws.as<A>(), rows, loss);
   TG_CUDA_LAUNCHED();
-  std::vector<A> row_sum(static_cast<std::size_t>(rows));
-  detail::download(row_sum.data(), ws.as<A>(), rows);
-  double total = 0;  // row order in fp64, as on the CPU
-  for (const A s : row_sum) total += static_cast<double>(s);
-  return total;
 }
 
 template <class T>
-void kl_div_backward(const T* x, const T* t, double scale, T* dx, T* dt, std::int64_t rows, std::int64_t v) {
+void kl_div_backward(const T* x, const T* t, const double* dloss, T* dx, T* dt, std::int64_t rows, std::int64_t v) {
   if (rows * v == 0 || (!dx && !dt)) return;
   kl_div_backward_kernel<T>
-      <<<detail::grid_for(rows * v), kThreads, 0, detail::stream()>>>(x, t, scale, dx, dt, rows * v);
+      <<<detail::grid_for(rows * v), kThreads, 0, detail::stream()>>>(x, t, dloss, dx, dt, rows, rows * v);
   TG_CUDA_LAUNCHED();
 }
 

@@ -20,6 +20,7 @@
 #include <typegrad/data/sampler.hpp>
 #include <typegrad/nn/gpt.hpp>
 #include <typegrad/optim/optim.hpp>
+#include <typegrad/quant/distill.hpp>
 #include <typegrad/train/step.hpp>
 
 namespace {
@@ -43,6 +44,7 @@ struct Scenario {
   bool compiled = false;
   bool watch_launches = false;  // compiled: each replay's launches compared with the last's (Note [graph blockers])
   enum class Opt { adamw, sgd, lamb, adafactor } opt = Opt::adamw;  // SGD: with Nesterov momentum
+  bool distill = false;  // the loss: distillation_loss (kl_div) against a teacher made of the detached logits
 };
 
 struct Outcome {
@@ -99,6 +101,8 @@ Outcome train(const Scenario& s, bool device, Scaler scaler = Scaler{}) {
   std::int64_t k = 0;
   auto one_step = [&]() {
     return step.run(model, [&] { return batch(k++); }, drop, [&](const auto& logits, const tg::data::Batch& b) {
+      if (s.distill)  // a teacher computed on the device, as a model's would be: 0.7 times the student's logits
+        return tg::add(tg::mul(tg::quant::distillation_loss(logits, tg::mul(logits.detach(), 0.7), b.targets, 0.5f, 2.f), poison), bad);
       return tg::add(tg::mul(step.precision().loss(logits, b.targets), poison), bad);
     });
   };
@@ -395,8 +399,10 @@ TEST(DeviceBoundary, RejectsWhatItCannotDecide) {
 // through the step inputs in memory), with every optimizer, in fp16 with a skipped step and in bf16 with
 // clipping; the host boundary's step does not (its reads, its per-step arguments).
 template <class Policy>
-tg::capture::GraphReport graph_report(Scenario::Opt kind, bool device, int steps, int inf_step, std::vector<std::string>* reports = nullptr) {
-  const Outcome o = train<Policy>({.steps = steps, .inf_step = inf_step, .compiled = true, .watch_launches = true, .opt = kind}, device);
+tg::capture::GraphReport graph_report(Scenario::Opt kind, bool device, int steps, int inf_step, std::vector<std::string>* reports = nullptr,
+                                      bool distill = false) {
+  const Outcome o =
+      train<Policy>({.steps = steps, .inf_step = inf_step, .compiled = true, .watch_launches = true, .opt = kind, .distill = distill}, device);
   if (reports) *reports = o.graph_reports;
   return o.graph;
 }
@@ -413,6 +419,23 @@ TEST(DeviceBoundary, CompiledItsLaunchesAreTheSameEveryStep) {
     const auto bf16 = graph_report<tg::amp::bf16_mixed>(kind, true, 5, -1);
     EXPECT_TRUE(bf16.graph_ready()) << what << " bf16: " << bf16.describe();
   }
+}
+
+// A distilled step (quant::distillation_loss: kl_div, Note [kl_div: batchmean over rows]) keeps its one read: kl_div
+// writes its loss on the device and its backward reads the upstream gradient there. Before, its forward read the
+// row sums back and passed the loss to a fill as an argument (two blockers per micro-batch here), and its backward
+// read the gradient (item(): a download on a GPU, unseen by the CPU's watch).
+TEST(DeviceBoundary, ADistilledStepEqualsTheHostBoundaryAndIsGraphReady) {
+  const Scenario s{.steps = 6, .inf_step = 3, .distill = true};
+  expect_same(train<tg::amp::fp16_mixed>(s, true), train<tg::amp::fp16_mixed>(s, false), "distilled, fp16 with an inf");
+  const Scenario b{.steps = 5, .distill = true};
+  expect_same(train<tg::amp::bf16_mixed>(b, true), train<tg::amp::bf16_mixed>(b, false), "distilled, bf16");
+  const auto fp16 = graph_report<tg::amp::fp16_mixed>(Scenario::Opt::adamw, true, 6, 3, nullptr, true);
+  EXPECT_TRUE(fp16.graph_ready()) << fp16.describe();
+  const auto bf16 = graph_report<tg::amp::bf16_mixed>(Scenario::Opt::adamw, true, 5, -1, nullptr, true);
+  EXPECT_TRUE(bf16.graph_ready()) << bf16.describe();
+  EXPECT_GT(bf16.launches, graph_report<tg::amp::bf16_mixed>(Scenario::Opt::adamw, true, 3, -1).launches)
+      << "the distilled step's report counts its kl_div launches";
 }
 
 TEST(DeviceBoundary, TheHostBoundarysStepIsNotGraphReady) {

@@ -29,15 +29,23 @@
 // grid (the two devices agree within the rows' summation rounding). The loss is stored as Out (kl_div_as<fp32>
 // for 16-bit inputs, as cross_entropy_as; kl_div: the inputs' type); the gradients have the inputs' type, rounded
 // once.
+// Nothing is read back to the host. The forward kernel writes the mean into one fp64 on the inputs' device,
+// converted to Out there (a copy kernel); the backward kernel reads its upstream gradient, converted to fp64, from
+// the device and divides it by R itself. So a distilled step (quant/distill.hpp) under a device boundary keeps its
+// one read per step, and its launches are the same every step: the loss no longer reaches the device as a fill's
+// argument (Note [graph blockers]). The values are those of the host computation bit for bit: the same fp64
+// division, the same scalar_cast to Out.
 
-// kl_div_forward:  Σ_r Σ_j p·(t − x) (math::kl_div_term) over contiguous x, t [rows, v]: each row summed in
-//                  kernel_math_t, the row sums added in row order in fp64 and returned (not divided by rows).
+// kl_div_forward:  loss[0] = Σ_r Σ_j p·(t − x) / rows (math::kl_div_term; NaN for rows = 0) over contiguous
+//                  x, t [rows, v]: each row summed in kernel_math_t, the row sums added in row order in fp64, the
+//                  total divided by rows; loss is one fp64 on the device.
 // kl_div_backward: dx[r, j] = −p·scale, dt[r, j] = p·(t − x + 1)·scale (math::kl_div_grad) over contiguous
-//                  x, t, dx, dt [rows, v]; dx or dt is null when that gradient is not wanted.
-#define TG_KERNELS_KL_DIV(K, ...)                                                                        \
-  K(double, kl_div_forward, (const T* x, const T* t, std::int64_t rows, std::int64_t v), __VA_ARGS__)     \
-  K(void, kl_div_backward, (const T* x, const T* t, double scale, T* dx, T* dt, std::int64_t rows, std::int64_t v), \
-    __VA_ARGS__)
+//                  x, t, dx, dt [rows, v], scale = dloss[0] / rows (0 for rows = 0) read on the device from one
+//                  fp64; dx or dt is null when that gradient is not wanted.
+#define TG_KERNELS_KL_DIV(K, ...)                                                                                \
+  K(void, kl_div_forward, (const T* x, const T* t, std::int64_t rows, std::int64_t v, double* loss), __VA_ARGS__) \
+  K(void, kl_div_backward,                                                                                       \
+    (const T* x, const T* t, const double* dloss, T* dx, T* dt, std::int64_t rows, std::int64_t v), __VA_ARGS__)
 TG_DECLARE_KERNELS(TG_KERNELS_KL_DIV)
 // A loss: exp/log and a reduction, never in 16-bit arithmetic (fp32 math; the loss itself fp32 under
 // mixed precision through kl_div_as, as cross_entropy).
@@ -67,6 +75,17 @@ TG_HOST_DEVICE TG_INLINE void kl_div_grad(A x, A t, A scale, A& dx, A& dt) {
 
 namespace tg {
 namespace detail {
+/// A one-element tensor as U on its device, by a copy kernel (scalar_cast per element); itself when already U.
+template <Element U, Element S, Device D>
+Tensor<U, D> kl_div_convert(const Tensor<S, D>& x) {
+  if constexpr (std::is_same_v<U, S>) {
+    return x.contiguous_raw();
+  } else {
+    Tensor<U, D> y = Tensor<U, D>::empty(x.shape());
+    copy_tensor(x, y);
+    return y;
+  }
+}
 template <Element T, Device D>
 struct KlDivSaved {
   Tensor<T, D> input;   // log q, contiguous, detached
@@ -88,15 +107,16 @@ Tensor<Out, D> kl_div_as(const Tensor<T, D>& input, const Tensor<T, D>& target) 
            input.shape(), ")");
   const std::int64_t rows = input.numel() / v;
   const Tensor<T, D> xc = input.contiguous_raw(), tc = target.contiguous_raw();
-  const double total = TG_BACKEND(D, kl_div_forward<T>(xc.data(), tc.data(), rows, v));
-  Tensor<Out, D> out = Tensor<Out, D>::full(Shape(), rows ? total / static_cast<double>(rows) : std::nan(""));
+  const Tensor<fp64, D> loss = Tensor<fp64, D>::empty(Shape());  // Note [kl_div: batchmean over rows]: on the device
+  TG_BACKEND(D, kl_div_forward<T>(xc.data(), tc.data(), rows, v, loss.data()));
+  Tensor<Out, D> out = detail::kl_div_convert<Out>(loss);
   autodiff::record("kl_div", out, detail::KlDivSaved<T, D>{xc.detach(), tc.detach()},
                    [rows, v](detail::KlDivSaved<T, D>& s, const Tensor<Out, D>& dout, auto need) {
-                     const double scale = rows ? scalar_cast<double>(dout.item()) / static_cast<double>(rows) : 0.0;
+                     const Tensor<fp64, D> dloss = detail::kl_div_convert<fp64>(dout);
                      Tensor<T, D> dx, dt;
                      if (need[0]) dx = Tensor<T, D>::empty(s.input.shape());
                      if (need[1]) dt = Tensor<T, D>::empty(s.target.shape());
-                     TG_BACKEND(D, kl_div_backward<T>(s.input.data(), s.target.data(), scale,
+                     TG_BACKEND(D, kl_div_backward<T>(s.input.data(), s.target.data(), dloss.data(),
                                                       need[0] ? dx.data() : nullptr, need[1] ? dt.data() : nullptr,
                                                       rows, v));
                      return std::tuple{dx, dt};
