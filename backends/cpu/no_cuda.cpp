@@ -40,6 +40,7 @@ Stream::Stream() { no_backend("Stream"); }
 Stream::~Stream() = default;
 void Stream::synchronize() const { no_backend("Stream::synchronize"); }
 void* current_stream() { return nullptr; }
+bool current_stream_capturing() noexcept { return false; }
 void synchronize_stream() { no_backend("synchronize_stream"); }
 StreamGuard::StreamGuard(const Stream&) : previous_(nullptr) { no_backend("StreamGuard"); }
 StreamGuard::~StreamGuard() = default;

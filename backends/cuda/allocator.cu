@@ -82,6 +82,31 @@ class CachingDeviceAllocator final : public Allocator {
     release_cache_locked();
   }
   std::string name() const override { return "cuda caching allocator"; }
+  /// Stream's destructor, after the stream's work finished: its free blocks go back to the driver (no allocation
+  /// can be made on a destroyed stream, so they would stay cached until an out-of-memory retry), and its blocks in
+  /// use are re-keyed to their device's legacy default stream, whose list takes them when they are freed.
+  void forget_stream(void* stream) noexcept {
+    std::lock_guard lock(mu_);
+    for (auto& [p, block] : blocks_)
+      if (block.key.second == stream) block.key.second = nullptr;
+    int device = -1;
+    (void)cudaGetDevice(&device);
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->first.second != stream) {
+        ++it;
+        continue;
+      }
+      (void)cudaSetDevice(it->first.first);
+      for (const auto& [size, p] : it->second) {
+        stats_.bytes_reserved -= static_cast<std::int64_t>(size);
+        ++stats_.system_frees;
+        (void)cudaFree(p);
+      }
+      it = free_.erase(it);
+    }
+    if (device >= 0) (void)cudaSetDevice(device);
+    (void)cudaGetLastError();
+  }
 
  private:
   using Key = std::pair<int, void*>;  // (device, stream)
@@ -90,16 +115,9 @@ class CachingDeviceAllocator final : public Allocator {
     TG_CUDA_CHECK(cudaGetDevice(&d));
     return d;
   }
-  /// Whether the calling thread's stream is being captured into a CUDA graph (Note [CUDA graphs of a step]); a
-  /// stream whose status cannot be asked counts as captured (nothing that would synchronize the device runs then).
-  static bool capturing_now() {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(backend::cuda::current_stream()), &status) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return true;
-    }
-    return status != cudaStreamCaptureStatusNone;
-  }
+  /// Whether the calling thread's stream is being captured into a CUDA graph (Note [CUDA graphs of a step]): then
+  /// nothing that would synchronize the device runs.
+  static bool capturing_now() { return backend::cuda::current_stream_capturing(); }
   void release_cache_locked() {
     // A free block may still be read or written by work queued before it was freed (its stream's later
     // allocations are ordered after that work; cudaFree is not documented to wait for it): each device
@@ -137,10 +155,20 @@ class CachingDeviceAllocator final : public Allocator {
 
 }  // namespace
 
-template <>
-Allocator& allocator<cuda>() {
+namespace {
+CachingDeviceAllocator& device_allocator() {
   static CachingDeviceAllocator* instance = new CachingDeviceAllocator();
   return *instance;
 }
+}  // namespace
+
+template <>
+Allocator& allocator<cuda>() {
+  return device_allocator();
+}
+
+namespace backend::cuda::detail {
+void forget_stream(void* stream) noexcept { device_allocator().forget_stream(stream); }
+}  // namespace backend::cuda::detail
 
 }  // namespace tg

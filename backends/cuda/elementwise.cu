@@ -18,8 +18,6 @@ namespace {
 // The kernels and the vector maps' element functions.
 #include "elementwise_kernels.cuh"
 
-bool contiguous(const Shape& sizes, const Shape& strides) { return detail::dense_layout(sizes, strides); }
-
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------------------
@@ -27,7 +25,7 @@ template <class S, class T>
 void copy_strided(const S* src, const Shape& src_strides, T* dst, const Shape& dst_strides, const Shape& sizes) {
   const std::int64_t n = sizes.numel();
   if (n == 0) return;
-  if (contiguous(sizes, src_strides) && contiguous(sizes, dst_strides)) {
+  if (detail::dense_layout(sizes, src_strides) && detail::dense_layout(sizes, dst_strides)) {
     if constexpr (std::is_same_v<S, T>) {  // the copy engine's path, at memory bandwidth
       TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice, detail::stream()));
       return;
@@ -47,7 +45,7 @@ template <class T>
 void binary(math::Binary op, const T* a, const Shape& sa, const T* b, const Shape& sb, T* out, const Shape& out_shape) {
   const std::int64_t n = out_shape.numel();
   if (n == 0) return;
-  if (contiguous(out_shape, sa) && contiguous(out_shape, sb) && detail::vector_map_fits(out, a, b))
+  if (detail::dense_layout(out_shape, sa) && detail::dense_layout(out_shape, sb) && detail::vector_map_fits(out, a, b))
     return detail::vector_map(BinaryFn<T>{op}, out, n, a, b);
   binary_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, a, b, out, n, detail::make_geo(out_shape, sa, sb));
   TG_CUDA_LAUNCHED();
@@ -57,7 +55,7 @@ template <class T>
 void unary_forward(math::Unary op, const T* x, const Shape& sx, T* y, const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  if (contiguous(shape, sx) && detail::vector_map_fits(y, x)) return detail::vector_map(UnaryFn<T>{op}, y, n, x);
+  if (detail::dense_layout(shape, sx) && detail::vector_map_fits(y, x)) return detail::vector_map(UnaryFn<T>{op}, y, n, x);
   unary_forward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, x, y, n, detail::make_geo(shape, sx));
   TG_CUDA_LAUNCHED();
 }
@@ -67,7 +65,7 @@ void unary_backward(math::Unary op, const T* saved, const Shape& ss, const T* dy
                     const Shape& shape) {
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  if (contiguous(shape, ss) && contiguous(shape, sdy) && detail::vector_map_fits(dx, saved, dy))
+  if (detail::dense_layout(shape, ss) && detail::dense_layout(shape, sdy) && detail::vector_map_fits(dx, saved, dy))
     return detail::vector_map(UnaryGradFn<T>{op, math::uses_output(op)}, dx, n, saved, dy);
   unary_backward_kernel<T><<<detail::grid_for(n), kThreads, 0, detail::stream()>>>(op, saved, dy, dx, n, detail::make_geo(shape, ss, sdy));
   TG_CUDA_LAUNCHED();

@@ -9,7 +9,6 @@
 // the one-block-per-row norm forward in add_layernorm_rows.cuh, which tests/cuda/test_softmax_emulated.cpp runs),
 // launchers after.
 #include <atomic>
-#include <vector>
 
 #include "common.cuh"
 #include "norm_forward.cuh"

@@ -316,9 +316,7 @@ bool pointwise_run(const std::string& source, bool backward, const PointwiseArgs
                                           dim3(static_cast<unsigned>(blocks)), dim3(kPointwiseThreads), params, 0, stream);
   if (st != cudaSuccess) {
     (void)cudaGetLastError();
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-      (void)cudaGetLastError();  // inside a CUDA graph's capture the tensor ops cannot stand in: the step fails
+    if (current_stream_capturing()) {  // inside a CUDA graph's capture the tensor ops cannot stand in: the step fails
       throw Error("pointwise: the launch failed inside a CUDA graph capture: ", cudaGetErrorString(st));
     }
     if (why) *why = std::string("pointwise: the launch failed: ") + cudaGetErrorString(st);

@@ -185,6 +185,8 @@ Stream::Stream() {
 Stream::~Stream() {
   auto* s = static_cast<cudaStream_t>(handle_);
   (void)cudaStreamSynchronize(s);  // errors of the stream's work were reported by the calls that issued it
+  (void)cudaGetLastError();
+  detail::forget_stream(s);  // its cached blocks: no later allocation is made on this stream
   (void)cudaStreamDestroy(s);
 }
 void Stream::synchronize() const {
@@ -194,6 +196,14 @@ void Stream::synchronize() const {
 }
 
 void* current_stream() { return t_current_stream; }
+bool current_stream_capturing() noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(t_current_stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 void synchronize_stream() {
   as_read([&] {  // Note [CUDA graphs of a step]
     TG_CUDA_CHECK(cudaStreamSynchronize(t_current_stream));

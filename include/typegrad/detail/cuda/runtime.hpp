@@ -41,7 +41,9 @@ int current_device();
 // completed (wait on an event or synchronize first) - the contract PyTorch's record_stream automates.
 
 /// A CUDA stream of the current device (non-blocking with respect to the legacy default stream).
-/// Destroying it first waits for its work, so its handle (and cached blocks) cannot be reused early.
+/// Destroying it first waits for its work, so its handle cannot be reused early, then gives the caching
+/// allocator's free blocks of the stream back to the driver (no later allocation could take them: Note [CUDA
+/// streams]), and blocks still in use that were allocated on it go, when freed, to the legacy default stream's list.
 class Stream {
  public:
   Stream();
@@ -61,6 +63,16 @@ class Stream {
 void* current_stream();
 /// Waits for everything issued on the current stream so far.
 void synchronize_stream();
+/// Whether the calling thread's current stream is being captured into a CUDA graph (Note [CUDA graphs of a step]).
+/// A stream whose capture status cannot be asked counts as captured: the callers then skip what would invalidate a
+/// capture (synchronizing the device, standing in for a failed launch).
+bool current_stream_capturing() noexcept;
+
+namespace detail {
+/// The caching allocator forgets `stream`, whose work has finished (Stream's destructor): its free blocks are
+/// returned to the driver and its blocks in use are moved to their device's legacy default stream.
+void forget_stream(void* stream) noexcept;
+}  // namespace detail
 
 /// Makes `s` the calling thread's current stream for the guard's lifetime (the previous one comes back).
 class StreamGuard {
