@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <span>
 #include <utility>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/gpt_test_util.hpp"
@@ -431,6 +433,67 @@ void expect_close(const Result& got, const Result& ref, double tol, const char* 
 }
 
 using tg::dist::Sharding;
+
+// A step whose last backward throws after its buckets' reductions started (every rank alike) is dropped whole:
+// the next steps equal those of a run that never had it, bit for bit, under DDP, ZeRO-1 and ZeRO-2 and on either
+// boundary. Before StepSync::abandon_step, the next step zeroed (DDP) or dropped (ZeRO-2) the buffers of reductions
+// still in flight, which then wrote the failed step's partial sums into the new step's gradients.
+TEST(DataParallel, AStepThatThrowsInItsBackwardIsDroppedOnEveryRank) {
+  for (const auto sharding : {Sharding::none, Sharding::optimizer, Sharding::gradients})
+    for (const bool device : {false, true}) {
+      auto run = [&](bool fail) {
+        const auto cfg = tiny_config();
+        tg::Generator init(7), drop(11);
+        tg::nn::GPT model(cfg, init);
+        const auto ps = model.named_parameters();
+        tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
+        tg::optim::Schedule sched = tg::optim::Warmup{2}.then(tg::optim::Cosine{3e-3f, 18, 3e-4f});
+        tg::dist::DataParallel<tg::cpu> dp(W(), ps, {.sharding = sharding, .bucket_bytes = 8 << 10});
+        tg::train::TrainStep<tg::amp::fp32_policy> step(ps, opt, sched, {.clip = 1.0, .sync = &dp, .device_boundary = device},
+                                                         tg::optim::GradAccumRuntime(2));
+        const std::int64_t first = rank() * kRows;
+        std::int64_t k = 0;
+        // One step first: DataParallel counts each parameter's gradients on its first step and starts reductions
+        // from the hooks only after it.
+        step.run(model, [&] { return rows_of(k++, first, kRows, cfg.vocab_size); }, drop);
+        if (fail) {
+          // The embedding's second gradient (the lookup's; its first is the tied LM head's) is the backward's last:
+          // every other bucket's reduction has started when the hook after DataParallel's throws.
+          bool armed = false;
+          int deliveries = 0;
+          auto& hooks = ps.front().tensor.autograd_meta()->grad_ready_hooks;
+          EXPECT_EQ(ps.front().name, "wte.weight");
+          hooks.push_back([&](const tg::Tensor<float>&) {
+            if (armed && ++deliveries == 2) throw tg::Error("an injected failure in the backward");
+          });
+          int calls = 0;
+          EXPECT_THROW(step.run(model, [&] { return rows_of(k++, first, kRows, cfg.vocab_size); }, drop,
+                                [&](const auto& logits, const Batch& b) {
+                                  armed = ++calls == 2;  // the step's last micro-batch: the one that reduces
+                                  // The last rank starts that backward late: the others' reductions are still in
+                                  // flight when they throw.
+                                  if (armed && rank() == size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                                  return step.precision().loss(logits, b.targets);
+                                }),
+                       tg::Error);
+          EXPECT_EQ(deliveries, 2);
+          hooks.pop_back();
+          EXPECT_EQ(step.steps_taken(), 1);
+        }
+        k = 100;
+        std::vector<double> losses;
+        for (int i = 0; i < 3; ++i) losses.push_back(step.run(model, [&] { return rows_of(k++, first, kRows, cfg.vocab_size); }, drop).loss);
+        std::vector<std::vector<float>> w;
+        for (const auto& p : ps) w.push_back(p.tensor.to_vector());
+        return std::pair{losses, w};
+      };
+      const std::string what = std::string(sharding == Sharding::none ? "ddp" : sharding == Sharding::optimizer ? "zero1" : "zero2") +
+                               (device ? ", device boundary" : ", host boundary");
+      const auto ref = run(false), got = run(true);
+      EXPECT_EQ(got.first, ref.first) << what;
+      EXPECT_TRUE(got.second == ref.second) << what << ": the weights differ";
+    }
+}
 
 TEST(DataParallel, DdpEqualsOneProcessOnTheGlobalBatchFp32) {
   const auto ref = train<tg::amp::fp32_policy>({});

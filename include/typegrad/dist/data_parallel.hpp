@@ -40,6 +40,8 @@ namespace tg::dist {
 //     bucket's reduction started is an error (the graph changed between steps). With overlap off, every
 //     reduction starts after backward (the baseline the overlap benchmark compares with).
 //   * Accumulation. Only the last micro-batch of a step communicates; the others accumulate locally.
+//   * A step that throws (TrainStep drops it whole): abandon_step() waits for its reductions in flight before the
+//     next step reuses their buffers, and the buckets start afresh.
 //   * Reduction precision: fp32 by default; bf16 halves the bytes (the bucket is rounded to bf16, summed in
 //     fp32 pairwise, rounded, and widened back).
 //   * ZeRO (Rajbhandari et al., 2020). Each parameter has one owner rank: the parameters in bucket order are
@@ -236,6 +238,35 @@ class DataParallel final : public train::StepSync {
   void after_update() override {
     if (options_.sharding == Sharding::none || comm_.size() == 1) return;
     gather_weights();
+  }
+  /// A step that threw (TrainStep drops it whole): its reductions in flight are waited for and dropped, before the
+  /// next step zeroes or frees the buffers they write (a reduction finishing later would write this step's partial
+  /// sums into the next step's gradients), and the bucket state starts afresh. Every rank must drop the same step
+  /// (an exception on some ranks only leaves the others waiting in a collective, as any divergence does).
+  void abandon_step() noexcept override {
+    for (Bucket& b : buckets_) {
+      try {
+        b.work.wait();
+      } catch (...) {  // a failed collective: the run's communicator reports it on its next use
+      }
+      b.work = Work();
+      b.launched = false;
+      b.low = Tensor<bf16, D>();
+      b.low_shard = Tensor<bf16, D>();
+      b.shard = Tensor<fp32, D>();
+      if (options_.sharding == Sharding::gradients) b.flat = Tensor<fp32, D>();  // ZeRO-2: transient
+    }
+    for (Work& w : deferred_) {
+      try {
+        w.wait();
+      } catch (...) {
+      }
+    }
+    deferred_.clear();
+    deferring_ = false;
+    syncing_ = false;
+    next_launch_ = 0;
+    std::fill(seen_.begin(), seen_.end(), 0);
   }
   bool changes_weights_after_update() const override { return options_.sharding != Sharding::none && comm_.size() > 1; }
 

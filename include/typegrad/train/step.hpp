@@ -64,6 +64,9 @@ class StepSync : public optim::CrossRank {
   virtual void after_backward(std::int64_t micro, std::int64_t n) = 0;
   /// After an optimizer step that was taken, before the weight copies are refreshed.
   virtual void after_update() = 0;
+  /// After an exception inside a step, which TrainStep drops whole (GradAccum::abandon_step): the sync ends what
+  /// the step started (its reductions in flight), so that the next step starts afresh. Never throws.
+  virtual void abandon_step() noexcept {}
   /// Whether after_update() may change the masters (ZeRO's gather of the owners' weights): then every weight
   /// copy is converted again, else the ones the optimizer wrote are kept (Note [the optimizer writes the
   /// weight copies]). A sync that does not say is assumed to.
@@ -181,6 +184,7 @@ class TrainStep {
       }
     } catch (...) {  // the step is dropped whole: the next call starts a new one (GradAccum::abandon_step)
       losses_.clear();
+      if (options_.sync) options_.sync->abandon_step();
       accum_.abandon_step(*opt_);
       throw;
     }
@@ -251,6 +255,7 @@ class TrainStep {
       r.loss = sync && sync->ranks() > 1 ? out.loss / sync->ranks() : out.loss;  // summed over the ranks: their mean
       accum_.finish_device_step(*opt_, *schedule_, precision_.scaler, out);
     } catch (...) {  // nothing counted for a step that did not finish (NonFiniteStep: nothing was applied)
+      if (sync) sync->abandon_step();  // its reductions in flight end before the next step reuses their buffers
       accum_.abandon_step(*opt_);  // and no micro-batch of it carried into the next call
       opt_->set_lr(lr_before);
       throw;
