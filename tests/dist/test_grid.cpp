@@ -3,10 +3,12 @@
 // pipeline (Note [pipeline parallelism]) or a TrainStep, replicas averaged over the data-parallel group.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/gpt_test_util.hpp"
@@ -263,6 +265,66 @@ TEST(ProcessGrid, ResumesAOneProcessCheckpoint) {
   if (W().rank() == 0) {
     const GridRun alone = one_process<tg::amp::fp32_policy>(dp, 2, 3, 6, &mid);
     for (std::size_t i = 0; i < 3; ++i) EXPECT_LE(std::abs(alone.losses[i] - all.losses[3 + i]) / all.losses[3 + i], 1e-4) << "step " << 3 + i;
+  }
+}
+
+// A step whose last backward throws after its buckets' reductions started (every rank alike) is dropped whole on a
+// data x tensor-parallel grid too: GridSync passes StepSync::abandon_step on to its DataParallel, so no reduction of
+// the failed step writes into the next step's gradients (DataParallel.AStepThatThrowsInItsBackwardIsDroppedOnEveryRank
+// in test_dist.cpp for a plain DataParallel). The next steps equal those of a run that never had it, bit for bit.
+TEST(ProcessGrid, AStepThatThrowsInItsBackwardIsDroppedOnEveryRank) {
+  const int tp = W().size() >= 4 && W().size() % 2 == 0 ? 2 : 1;  // at least two replicas: something to reduce
+  for (const auto sharding : {tg::dist::Sharding::none, tg::dist::Sharding::gradients}) {
+    auto run = [&](bool fail) {
+      tg::dist::ProcessGrid grid(W(), tp, 1);
+      tg::Generator init(8), drop(9);
+      const tg::nn::GPT full(config(), init);
+      tg::dist::TensorParallelGPT<> model(full, grid);
+      const auto ps = model.named_parameters();
+      tg::optim::AdamW opt(tg::optim::default_groups(ps, 0.1f), adamw());
+      tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
+      tg::dist::GridSync<tg::cpu> sync(model, grid, tg::dist::DataParallelOptions{.sharding = sharding, .bucket_bytes = 8 << 10});
+      tg::train::TrainStep<tg::amp::fp32_policy> step(ps, opt, sched, {.clip = 0.5, .sync = &sync}, tg::optim::GradAccumRuntime(2));
+      const std::int64_t global = grid.dp_size * kRows, first = grid.dp_rank * kRows;
+      std::int64_t k = 0;
+      auto next = [&] { return rows_of(k++, global, first, kRows); };
+      auto loss = [&](const auto& logits, const Batch& b) { return model.loss(logits, b.targets); };
+      // The first parameter (the embedding) gets its last gradient at the end of each backward: the hook after
+      // DataParallel's throws there, when armed.
+      int deliveries = 0, per_backward = 0;
+      bool armed = false;
+      auto& hooks = ps.front().tensor.autograd_meta()->grad_ready_hooks;
+      hooks.push_back([&](const tg::Tensor<float>&) {
+        if (++deliveries == per_backward && armed) throw tg::Error("an injected failure in the backward");
+      });
+      step.run(model, next, drop, loss);  // the first step: DataParallel counts the gradients, and so does the hook
+      per_backward = deliveries / 2;
+      EXPECT_GT(per_backward, 0);
+      if (fail) {
+        int calls = 0;
+        EXPECT_THROW(step.run(model, next, drop,
+                              [&](const auto& logits, const Batch& b) {
+                                armed = ++calls == 2;  // the step's last micro-batch: the one that reduces
+                                deliveries = 0;
+                                // the last replica starts that backward late: the others' reductions are in flight
+                                if (armed && grid.dp_rank == grid.dp_size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                                return model.loss(logits, b.targets);
+                              }),
+                     tg::Error);
+        armed = false;
+      }
+      hooks.pop_back();
+      k = 100;
+      std::vector<double> losses;
+      for (int i = 0; i < 3; ++i) losses.push_back(step.run(model, next, drop, loss).loss);
+      std::map<std::string, std::vector<float>> w;
+      for (const auto& e : model.gather_full()) w[e.name] = e.tensor.to_vector();
+      return std::pair{losses, w};
+    };
+    const std::string what = std::string(sharding == tg::dist::Sharding::none ? "ddp" : "zero2") + ", tp " + std::to_string(tp);
+    const auto ref = run(false), got = run(true);
+    EXPECT_EQ(got.first, ref.first) << what;
+    EXPECT_TRUE(got.second == ref.second) << what << ": the weights differ";
   }
 }
 

@@ -831,6 +831,7 @@ class GridSync final : public train::StepSync {
   void before_backward(std::int64_t micro, std::int64_t n) override { dp_.before_backward(micro, n); }
   void after_backward(std::int64_t micro, std::int64_t n) override { dp_.after_backward(micro, n); }
   void after_update() override { dp_.after_update(); }
+  void abandon_step() noexcept override { dp_.abandon_step(); }
   bool changes_weights_after_update() const override { return dp_.changes_weights_after_update(); }
   DataParallel<D>& data_parallel() { return dp_; }
 
