@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <span>
 #include <utility>
 #include <string>
@@ -602,6 +603,44 @@ TEST(DataParallel, AConsolidatedCheckpointResumesSharded) {
   W().barrier();
   if (rank() == 0) std::filesystem::remove_all(dir);
   for (int i = 0; i < 20; ++i) EXPECT_LE(std::abs(losses[static_cast<std::size_t>(i)] - ref.losses[static_cast<std::size_t>(i)]) / ref.losses[static_cast<std::size_t>(i)], 1e-6) << "step " << i;
+}
+
+// An offloaded optimizer (Note [optimizer offload]) keeps its state in its host optimizer: after loading a
+// consolidated state, a ZeRO rank keeps the state of the parameters it owns only, as without offload. Before, the
+// pruning reached the (empty) device state only: every rank kept the whole state, the parameters it does not
+// update kept their loaded moments and step counts, and the next consolidated save took those stale entries.
+TEST(DataParallel, AShardedResumeKeepsAnOffloadedOptimizersOwnShard) {
+  const auto cfg = tiny_config();
+  tg::Generator init(7), drop(11);
+  tg::nn::GPT model(cfg, init);
+  const auto ps = model.named_parameters();
+  auto make_host = [](std::vector<tg::optim::ParamGroup> g) {
+    return std::make_unique<tg::optim::AdamW>(std::move(g), tg::optim::AdamWOptions{.lr = 3e-3f, .weight_decay = 0.1f});
+  };
+  // Every rank trains the same 2 steps alone: the whole state, as a consolidated checkpoint holds it.
+  const auto trained = tg::optim::offload<tg::cpu>(tg::optim::default_groups(ps, 0.1f), make_host);
+  tg::optim::Schedule sched = tg::optim::Constant{3e-3f};
+  tg::train::TrainStep<tg::amp::fp32_policy> alone(ps, *trained, sched, {});
+  std::int64_t k = 0;
+  for (int i = 0; i < 2; ++i) alone.run(model, [&] { return rows_of(k++, 0, kRows, cfg.vocab_size); }, drop);
+  const auto state = trained->state_tensors();
+  for (const auto sharding : {Sharding::optimizer, Sharding::gradients}) {
+    tg::dist::DataParallel<tg::cpu> dp(W(), ps, {.sharding = sharding, .bucket_bytes = 8 << 10});
+    const auto resumed = tg::optim::offload<tg::cpu>(tg::optim::default_groups(ps, 0.1f), make_host);
+    resumed->load_state(state);
+    dp.shard_loaded_state(*resumed);
+    const auto& host = static_cast<const tg::optim::OffloadedOptimizer<tg::cpu>&>(*resumed).host();
+    int kept = 0;
+    for (const auto& p : ps) {
+      EXPECT_EQ(host.param_step_count(p.name), dp.owns(p.name) ? 2 : 0) << p.name << " on rank " << rank();
+      kept += dp.owns(p.name) ? 1 : 0;
+    }
+    std::set<std::string> named;
+    for (const auto& e : resumed->state_tensors())
+      if (e.name.ends_with(".step") && e.name != "optimizer.step") named.insert(e.name.substr(0, e.name.size() - 5));
+    EXPECT_EQ(named.size(), static_cast<std::size_t>(kept)) << "rank " << rank() << ": the saved state names other ranks' parameters";
+    if (size() > 1) EXPECT_LT(kept, static_cast<int>(ps.size()));
+  }
 }
 
 // ---- the step boundary on the device in a data-parallel run (Note [the device boundary across ranks]) -----

@@ -9,9 +9,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "typegrad/detail/cuda/runtime.hpp"
 #include "typegrad/optim/optimizer.hpp"
 
 namespace tg::optim {
@@ -60,6 +62,8 @@ class OffloadedOptimizer final : public BasicOptimizer<D> {
   const char* name() const override { return host_->name(); }
   std::vector<NamedTensor> state_tensors() const override { return host_->state_tensors(); }
   void load_state(const std::vector<NamedTensor>& state) override { host_->load_state(state); }
+  /// The host optimizer's state is the one a ZeRO rank shards (dist::DataParallel::shard_loaded_state).
+  void keep_state_only(const std::function<bool(const std::string&)>& keep) override { host_->keep_state_only(keep); }
   /// The host optimizer (its state, its per-parameter step counts).
   const BasicOptimizer<cpu>& host() const { return *host_; }
 
@@ -67,6 +71,11 @@ class OffloadedOptimizer final : public BasicOptimizer<D> {
   std::vector<SlotSpec> slots(const Shape&) const override { return {}; }  // nothing on D
 
   void update(std::span<Update> ready) override {
+    if constexpr (!std::is_same_v<D, cpu>) {  // checked before anything changes
+      for (const Update& u : ready)
+        TG_CHECK(u.param->tensor.is_contiguous(), "OffloadedOptimizer: the weight '", u.param->name,
+                 "' is not contiguous (the new weights are uploaded into it as one block)");
+    }
     for (const Update& u : ready) {
       const auto [gi, mi] = index_.at(u.param->name);
       Param& master = masters_[mi];
@@ -75,9 +84,14 @@ class OffloadedOptimizer final : public BasicOptimizer<D> {
       host_->set_group_lr(gi, u.lr());
     }
     host_->step();
-    for (const Update& u : ready) {
+    for (const Update& u : ready) {  // straight into the weight: no device temporary whose allocation could fail here
       const Param& master = masters_[index_.at(u.param->name).second];
-      tg::detail::copy_tensor(master.tensor.template to<D>().detach(), u.param->tensor.detach());
+      if constexpr (std::is_same_v<D, cpu>) {
+        tg::detail::copy_tensor(master.tensor, u.param->tensor.detach());
+      } else {
+        backend::cuda::copy_host_to_device(u.param->tensor.data(), master.tensor.data(),
+                                           static_cast<std::size_t>(master.tensor.numel()) * sizeof(fp32));
+      }
     }
     host_->zero_grad();
   }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -238,9 +239,9 @@ class BasicOptimizer : public AnyOptimizer {
   }
 
   /// Drops the state of every parameter whose name `keep` rejects (as if never updated): a ZeRO rank keeps
-  /// its shard after loading a consolidated checkpoint (dist::DataParallel::shard_loaded_state).
-  template <class Keep>
-  void keep_state_only(Keep&& keep) {
+  /// its shard after loading a consolidated checkpoint (dist::DataParallel::shard_loaded_state). Virtual, for an
+  /// optimizer that keeps its state elsewhere (OffloadedOptimizer: its host optimizer's).
+  virtual void keep_state_only(const std::function<bool(const std::string&)>& keep) {
     for (auto& g : groups_)
       for (std::size_t i = 0; i < g.params.size(); ++i)
         if (!keep(g.params[i].name)) g.state[i] = State{};
