@@ -82,13 +82,17 @@ class CachingDeviceAllocator final : public Allocator {
     release_cache_locked();
   }
   std::string name() const override { return "cuda caching allocator"; }
-  /// Stream's destructor, after the stream's work finished: its free blocks go back to the driver (no allocation
-  /// can be made on a destroyed stream, so they would stay cached until an out-of-memory retry), and its blocks in
-  /// use are re-keyed to their device's legacy default stream, whose list takes them when they are freed.
+  /// Stream's destructor, after the stream's work finished. No allocation can be made on a destroyed stream, so its
+  /// free blocks would stay cached until an out-of-memory retry: they go back to the driver, after their devices
+  /// finish their work (a block's last use may be queued on another stream: a compiled step's outputs, made on its
+  /// own stream, are read on the caller's). Inside a capture, where that would invalidate it, and for the stream's
+  /// blocks still in use, they move to a list no allocation takes (retired()), released with the rest of the cache.
+  /// A stream created later with the same handle starts with no blocks.
   void forget_stream(void* stream) noexcept {
     std::lock_guard lock(mu_);
     for (auto& [p, block] : blocks_)
-      if (block.key.second == stream) block.key.second = nullptr;
+      if (block.key.second == stream) block.key.second = retired();
+    const bool capturing = capturing_now();
     int device = -1;
     (void)cudaGetDevice(&device);
     for (auto it = free_.begin(); it != free_.end();) {
@@ -96,13 +100,18 @@ class CachingDeviceAllocator final : public Allocator {
         ++it;
         continue;
       }
-      (void)cudaSetDevice(it->first.first);
-      for (const auto& [size, p] : it->second) {
+      auto blocks = std::exchange(it->second, {});
+      const int d = it->first.first;
+      it = free_.erase(it);
+      if (capturing || cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+        free_[{d, retired()}].merge(blocks);  // std::map: inserting keeps `it` valid
+        continue;
+      }
+      for (const auto& [size, p] : blocks) {
         stats_.bytes_reserved -= static_cast<std::int64_t>(size);
         ++stats_.system_frees;
         (void)cudaFree(p);
       }
-      it = free_.erase(it);
     }
     if (device >= 0) (void)cudaSetDevice(device);
     (void)cudaGetLastError();
@@ -110,6 +119,11 @@ class CachingDeviceAllocator final : public Allocator {
 
  private:
   using Key = std::pair<int, void*>;  // (device, stream)
+  /// The stream of blocks whose stream was destroyed (forget_stream): no allocation's current stream.
+  static void* retired() {
+    static char tag;
+    return &tag;
+  }
   static int current_device() {
     int d = 0;
     TG_CUDA_CHECK(cudaGetDevice(&d));

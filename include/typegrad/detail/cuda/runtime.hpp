@@ -42,8 +42,9 @@ int current_device();
 
 /// A CUDA stream of the current device (non-blocking with respect to the legacy default stream).
 /// Destroying it first waits for its work, so its handle cannot be reused early, then gives the caching
-/// allocator's free blocks of the stream back to the driver (no later allocation could take them: Note [CUDA
-/// streams]), and blocks still in use that were allocated on it go, when freed, to the legacy default stream's list.
+/// allocator's free blocks of the stream back to the driver after their devices' work (no later allocation could
+/// take them: Note [CUDA streams]); blocks still in use that were allocated on it are released with the rest of the
+/// cache once freed (detail::forget_stream).
 class Stream {
  public:
   Stream();
@@ -70,7 +71,8 @@ bool current_stream_capturing() noexcept;
 
 namespace detail {
 /// The caching allocator forgets `stream`, whose work has finished (Stream's destructor): its free blocks are
-/// returned to the driver and its blocks in use are moved to their device's legacy default stream.
+/// returned to the driver once their devices finish their work (outside a capture; inside one they stay cached), and
+/// its blocks in use, once freed, stay on a list no allocation takes until the cache is released.
 void forget_stream(void* stream) noexcept;
 }  // namespace detail
 
