@@ -60,7 +60,8 @@ long long number(const std::string& flag, const std::string& v, bool zero_ok = f
 
 /// The benchmark's models: GPT-2's tokenizer (50257 tokens, as benchmarks/torch_gpt_cuda.py builds them), its
 /// embedding stored padded to 50304 rows as train_gpt's gpt2 preset stores it (Note [padded vocabulary]: the
-/// loss sees the 50257 real tokens; the LM-head GEMMs run on aligned shapes). PyTorch's model is unpadded.
+/// loss sees the 50257 real tokens; the LM-head GEMMs run on aligned shapes). benchmarks/torch_gpt_cuda.py pads
+/// PyTorch's model the same way (--vocab-multiple 128).
 tg::nn::GPTConfig config_of(const std::string& m, std::int64_t seq) {
   tg::nn::GPTConfig c;
   if (m == "tiny") c = {256, 256, 4, 4, 128, 0.f};

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch's equivalent of bench_cuda_gpt: the same GPT-2 architecture (pre-LN blocks, tied LM head,
 GELU-tanh MLP, causal attention through F.scaled_dot_product_attention), fp32 master weights with
-autocast to --precision, fused AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), synthetic tokens.
+autocast to --precision, fused AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), synthetic tokens. GPT-2's
+embedding and tied LM head are stored padded to a multiple of --vocab-multiple rows (128, as nanoGPT pads to 50304
+and as bench_cuda_gpt stores them), the loss reading the 50257 real tokens' logits: both sides run the same aligned
+LM-head GEMMs.
 Prints the same table and RESULT line as bench_cuda_gpt, so scripts/gpu-check.sh can compare them.
 
     python3 benchmarks/torch_gpt_cuda.py --model gpt2 --precision bf16 --batch 16 --seq 1024 --steps 10
@@ -24,12 +27,16 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--vocab-multiple", type=int, default=128,
+                    help="the embedding's rows padded to a multiple of this (not the tiny model's; 1: unpadded)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (slower start)")
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
                     help="torch.compile's mode when --compile is given")
     a = ap.parse_args()
     if a.grad_accum < 1:
         ap.error(f"--grad-accum needs a whole number of at least 1, got {a.grad_accum}")
+    if a.vocab_multiple < 1:
+        ap.error(f"--vocab-multiple needs a whole number of at least 1, got {a.vocab_multiple}")
 
     try:
         import torch
@@ -41,6 +48,8 @@ def main():
         sys.exit("torch_gpt_cuda: torch.cuda.is_available() is False")
 
     V, block, L, H, C = MODELS[a.model]
+    multiple = 1 if a.model == "tiny" else a.vocab_multiple
+    V_rows = (V + multiple - 1) // multiple * multiple  # the embedding's rows; tokens and the loss use the first V
     dev = "cuda"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.precision]
 
@@ -62,7 +71,7 @@ def main():
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(block, C)
+            self.wte, self.wpe = nn.Embedding(V_rows, C), nn.Embedding(block, C)
             self.h = nn.ModuleList(Block() for _ in range(L))
             self.ln_f = nn.LayerNorm(C)
 
@@ -71,8 +80,10 @@ def main():
             x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
             for b in self.h:
                 x = b(x)
-            logits = F.linear(self.ln_f(x), self.wte.weight)
-            return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1))  # targets: a strided slice
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V_rows)
+            if V_rows != V:
+                logits = logits[..., :V]  # the real tokens (.float() below makes it contiguous)
+            return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))  # targets: a strided slice
 
     torch.manual_seed(1)
     model = GPT().to(dev)
@@ -85,7 +96,7 @@ def main():
             nn.init.normal_(m.weight, std=std)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters()) - (V_rows - V) * C  # the padding rows are not counted
     step_model = torch.compile(model, mode=a.compile_mode) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     g = torch.Generator(device="cpu").manual_seed(7)
@@ -114,8 +125,8 @@ def main():
     tps = tokens / secs
     mfu = tps * (6 * n_params + 12 * L * a.seq * C) / (a.peak_tflops * 1e12)
     print(f"device        {torch.cuda.get_device_name()} (torch {torch.__version__})")
-    print(f"model         {a.model} ({n_params / 1e6:.1f}M parameters), {a.precision}, B={a.batch} T={a.seq}, "
-          f"grad-accum {a.grad_accum}, AdamW (fused), {a.steps} steps after {a.warmup} warm-up")
+    print(f"model         {a.model} ({n_params / 1e6:.1f}M parameters, embedding stored as {V_rows} rows), {a.precision}, "
+          f"B={a.batch} T={a.seq}, grad-accum {a.grad_accum}, AdamW (fused), {a.steps} steps after {a.warmup} warm-up")
     print(f"loss          {first:.4f} (warm-up) -> {last:.4f}")
     print(f"ms/step       {1e3 * secs / a.steps:.1f}")
     print(f"tokens/s      {tps:.0f}")

@@ -85,6 +85,14 @@ command -v nvidia-smi >/dev/null || die "nvidia-smi not found: no NVIDIA driver 
 GPU=$(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1) ||
   die "nvidia-smi cannot query the GPU (or took over 30 s): $GPU"
 [ -n "$GPU" ] || die "nvidia-smi lists no GPU"
+# The MFU's peak: the dense bf16 tensor-core rate of the card nvidia-smi names, from NVIDIA's datasheets (H100 and
+# H200 SXM 989 TFLOP/s, their NVL forms 835, H100 PCIe 756); PEAK_TFLOPS=N overrides it. Both benchmarks get it.
+case "$GPU" in
+  *PCIe*) PEAK_DEFAULT=756 ;;
+  *NVL*) PEAK_DEFAULT=835 ;;
+  *) PEAK_DEFAULT=989 ;;
+esac
+PEAK_TFLOPS=${PEAK_TFLOPS:-$PEAK_DEFAULT}
 mkdir -p "$LOG"
 rm -f "$LOG"/*  # a rerun on a warm machine: no table or summary of the run before
 # whether PyTorch with CUDA is importable, asked in the background while configure, build and tests run
@@ -250,13 +258,13 @@ wait "$TORCH_PID" && TORCH_OK=1  # asked while the build ran
 
 # 1. the ratio's pair: typegrad and PyTorch eager at BENCH_ARGS
 # shellcheck disable=SC2086
-run_bench "typegrad, $BENCH_ARGS" bench_typegrad 90 "$TORCH_MIN" "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS
+run_bench "typegrad, $BENCH_ARGS" bench_typegrad 90 "$TORCH_MIN" "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS --peak-tflops "$PEAK_TFLOPS"
 BRC=$LAST_RC
 TG_TPS=$([ "$BRC" = 0 ] && field tokens_per_s "$LOG/bench_typegrad.log")
 PT_TPS=""
 if [ "$TORCH_OK" = 1 ]; then
   # shellcheck disable=SC2086
-  run_bench "PyTorch eager, $BENCH_ARGS" bench_torch 90 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS
+  run_bench "PyTorch eager, $BENCH_ARGS" bench_torch 90 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --peak-tflops "$PEAK_TFLOPS"
   [ "$LAST_RC" = 0 ] && PT_TPS=$(field tokens_per_s "$LOG/bench_torch.log")
 else
   ROWS+=("| PyTorch eager | PyTorch with CUDA is not importable here: no comparison | | | |")
@@ -296,10 +304,10 @@ optional_bench() {  # LABEL LOGNAME CMD...: run_bench with a 90 s cap when at le
   fi
 }
 # shellcheck disable=SC2086
-optional_bench "typegrad, $ACCUM_ARGS" bench_typegrad_accum 90 0 "$BIN/tests/bench_cuda_gpt" $ACCUM_ARGS
+optional_bench "typegrad, $ACCUM_ARGS" bench_typegrad_accum 90 0 "$BIN/tests/bench_cuda_gpt" $ACCUM_ARGS --peak-tflops "$PEAK_TFLOPS"
 if [ "$TORCH_OK" = 1 ]; then
   # shellcheck disable=SC2086
-  optional_bench "PyTorch eager, $ACCUM_ARGS" bench_torch_accum 90 0 python3 benchmarks/torch_gpt_cuda.py $ACCUM_ARGS
+  optional_bench "PyTorch eager, $ACCUM_ARGS" bench_torch_accum 90 0 python3 benchmarks/torch_gpt_cuda.py $ACCUM_ARGS --peak-tflops "$PEAK_TFLOPS"
 fi
 
 # 3b. the compiled step and CUDA graphs (Note [CUDA graphs of a step]): the tiny GPT (launch-bound) eager, compiled
@@ -307,10 +315,10 @@ fi
 TINY_ARGS="--model tiny --precision fp32 --batch 4 --seq 64 --steps 50 --warmup 5"
 for v in "" "--compile" "--compile --cuda-graphs" "--compile --cuda-graphs --graph-chunk 0"; do
   # shellcheck disable=SC2086
-  optional_bench "typegrad tiny ${v:-eager}, $TINY_ARGS" "bench_tiny${v// /_}" 90 0 "$BIN/tests/bench_cuda_gpt" $TINY_ARGS $v
+  optional_bench "typegrad tiny ${v:-eager}, $TINY_ARGS" "bench_tiny${v// /_}" 90 0 "$BIN/tests/bench_cuda_gpt" $TINY_ARGS $v --peak-tflops "$PEAK_TFLOPS"
 done
 # shellcheck disable=SC2086
-optional_bench "typegrad --compile --cuda-graphs, $BENCH_ARGS" bench_typegrad_graphs 90 0 "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS --compile --cuda-graphs
+optional_bench "typegrad --compile --cuda-graphs, $BENCH_ARGS" bench_typegrad_graphs 90 0 "$BIN/tests/bench_cuda_gpt" $BENCH_ARGS --compile --cuda-graphs --peak-tflops "$PEAK_TFLOPS"
 
 # 4. where one typegrad step's time goes: Nsight Compute, each kernel of the timed step summed by name
 NCU_SUMMARY="not run"
@@ -342,7 +350,7 @@ for mode in default reduce-overhead; do
   label="PyTorch torch.compile mode $mode, $BENCH_ARGS"
   if [ "$TORCH_OK" = 1 ] && [ "$(stage_limit 120 0)" -ge 30 ]; then
     # shellcheck disable=SC2086
-    run_bench "$label" "bench_torch_compile_$mode" 120 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --compile --compile-mode "$mode"
+    run_bench "$label" "bench_torch_compile_$mode" 120 0 python3 benchmarks/torch_gpt_cuda.py $BENCH_ARGS --compile --compile-mode "$mode" --peak-tflops "$PEAK_TFLOPS"
   else
     ROWS+=("| $label | not run (no time left, or no PyTorch) | | | |")
   fi
@@ -352,7 +360,7 @@ done
 RATIO="-"
 [ -n "$TG_TPS" ] && [ -n "$PT_TPS" ] && RATIO=$(awk -v a="$TG_TPS" -v b="$PT_TPS" 'BEGIN { printf "%.2f", a / b }')
 echo
-echo "| check or run | result, or tokens/s | ms/step | MFU (989 TFLOP/s) | peak memory |"
+echo "| check or run | result, or tokens/s | ms/step | MFU ($PEAK_TFLOPS TFLOP/s) | peak memory |"
 echo "|---|---|---|---|---|"
 echo "| GPU | $GPU | | | |"
 [ -n "$NCCL_NOTE" ] && echo "| NCCL | $NCCL_NOTE | | | |"

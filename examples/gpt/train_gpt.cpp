@@ -99,6 +99,9 @@ int train(const Options& options, tg::capture::MemoryPlan* probe = nullptr) {
         std::printf("compiled step: captured at step %lld; its memory plan:\n%s", (long long)k, compiled.memory_plan().describe().c_str());
     }
     if (s.prune && s.prune->update(k)) step.refresh_weights();  // the schedule's mask update after step k
+    // On a GPU the step's last kernels (the update, the weight copies' refresh) may still be queued: the step's time
+    // waits for them, so it is not charged to the next step, or to nothing before an evaluation and after the last.
+    if constexpr (std::is_same_v<D, tg::cuda>) tg::backend::cuda::synchronize_stream();
     const double seconds = tg::train::seconds_since(t0);
     clock.step_done(k, seconds);
     s.count(k, r, step);

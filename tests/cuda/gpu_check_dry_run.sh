@@ -68,6 +68,14 @@ has '| `nvjet_sm90_tst_128x256_bias_TNT` | 1 | 1.50 | 75.0% |'
 has '| `tg::backend::cuda::{anon}::layernorm_fwd<__nv_bfloat16>` | 2 | 0.50 | 25.0% |'
 has "| test_cuda (runtime, tiny GPT 50 steps, nn::GPT, weight copies, trainer step, NCCL world of 1) | 3 passed, 0 failed, 0 skipped |"
 [ "$(tail -1 "$W/out")" = "ratio typegrad/pytorch_eager 0.75" ] || fail "the last line is not 'ratio typegrad/pytorch_eager 0.75'"
+# the MFU's peak follows the card's name (a name without PCIe or NVL: the SXM parts' 989), and both benchmarks get it
+has "| MFU (989 TFLOP/s) |"
+grep -q -- "--peak-tflops 989" "$W/build/gpu-check-logs/bench_typegrad.log" || fail "typegrad's benchmark was not given --peak-tflops 989"
+grep -q -- "--peak-tflops 989" "$W/build/gpu-check-logs/bench_torch.log" || fail "PyTorch's benchmark was not given --peak-tflops 989"
+fake "$W/bin/nvidia-smi" 'echo "NVIDIA H100 PCIe, 81559 MiB, 580.0"'
+run || fail "gpu-check failed on an H100 PCIe stand-in"
+has "| MFU (756 TFLOP/s) |"
+fake "$W/bin/nvidia-smi" 'echo "Stand-in GPU, 81559 MiB, 580.0"'
 
 # a failing GPU test fails the check, and the table says so; a suite whose process dies takes only its own
 # tests down (B.d, counted as failed), the other suites' results stand
