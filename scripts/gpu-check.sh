@@ -25,6 +25,7 @@
 #   bash scripts/gpu-check.sh                 # from the repository root
 #   TG_GPU_ARCH=80 BENCH_ARGS="--batch 8" bash scripts/gpu-check.sh
 #   TG_GPU_PREBUILT=build/cuda bash scripts/gpu-check.sh
+#   PEAK_TFLOPS=756 bash scripts/gpu-check.sh   # the MFU against another peak than the card's name gives
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
